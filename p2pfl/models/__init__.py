@@ -1,0 +1,95 @@
+"""Models split into a feature extractor (`body`) and a linear classifier (`head`).
+
+State-dict keys are prefixed `body.` and `head.`, so a model "part" is just the subset of
+the state dict with that prefix; that is what travels on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from p2pfl.errors import ConfigError
+
+PARTS = ("body", "head", "full")
+
+
+class SplitModel(nn.Module):
+    """`forward(x) = head(body(x))`; `head` is one `nn.Linear(feature_dim, num_classes)`."""
+
+    def __init__(self, body: nn.Module, feature_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(feature_dim, num_classes)
+        self.feature_dim = feature_dim
+        self.num_classes = num_classes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def _flat_size(body: nn.Module, in_channels: int, image_size: int) -> int:
+    with torch.no_grad():
+        return int(body(torch.zeros(1, in_channels, image_size, image_size)).shape[1])
+
+
+def lenet(in_channels: int = 3, image_size: int = 28, num_classes: int = 10) -> SplitModel:
+    """The FedC2I paper's LeNet: two 5x5 conv layers of 64 maps, fc 384, fc 192, fc classes."""
+    conv = nn.Sequential(
+        nn.Conv2d(in_channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    flat = _flat_size(conv, in_channels, image_size)
+    body = nn.Sequential(*conv, nn.Linear(flat, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU())
+    return SplitModel(body, 192, num_classes)
+
+
+def cnn(in_channels: int = 3, image_size: int = 28, num_classes: int = 10, width: int = 16) -> SplitModel:
+    """A small CNN for quick runs on 2 cores: two 3x3 conv blocks and one hidden fc layer."""
+    conv = nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    flat = _flat_size(conv, in_channels, image_size)
+    body = nn.Sequential(*conv, nn.Linear(flat, 64), nn.ReLU())
+    return SplitModel(body, 64, num_classes)
+
+
+MODELS = {"lenet": lenet, "cnn": cnn}
+
+
+def build_model(name: str, in_channels: int, image_size: int, num_classes: int) -> SplitModel:
+    if name not in MODELS:
+        raise ConfigError("model.name", f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    return MODELS[name](in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+
+
+def part_state(model: nn.Module, part: str) -> dict[str, torch.Tensor]:
+    """The detached tensors of one part (`body`, `head` or `full`), keyed as in the state dict."""
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
+    state = model.state_dict()
+    if part == "full":
+        return {k: v.detach() for k, v in state.items()}
+    prefix = part + "."
+    return {k: v.detach() for k, v in state.items() if k.startswith(prefix)}
+
+
+def part_spec(model: nn.Module, part: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Expected names, shapes and dtypes of a part, to validate tensors that arrive from peers."""
+    return {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in part_state(model, part).items()}
+
+
+def load_part(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy `tensors` into the model's parameters in place; names must be a subset of the state dict."""
+    state = model.state_dict()
+    unknown = set(tensors) - set(state)
+    if unknown:
+        raise KeyError(f"tensors not in the model: {sorted(unknown)}")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            state[name].copy_(value)

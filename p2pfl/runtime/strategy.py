@@ -1,0 +1,165 @@
+"""The contract between the runtime and an algorithm.
+
+The runtime drives every node through the same round, with no global barrier:
+
+    fit -> (privacy) -> publish parts -> pushes -> configure_fetch -> gather -> aggregate
+
+A `Strategy` decides *what* happens in each step; the runtime decides *how* bytes move.
+Strategies see peers only as `PeerModel`s (tensors plus signed metadata) and never touch
+sockets, keys or the wire format, so the same strategy runs in-process in unit tests.
+Algorithms may import this module, `p2pfl.training`, `p2pfl.models` and `p2pfl.core`;
+they never import `p2pfl.runtime.node` or the transport.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from p2pfl.models import SplitModel
+from p2pfl.training import FitResult, LocalTrainer
+
+if TYPE_CHECKING:
+    from p2pfl.data import NodeData
+
+COORDINATOR_ID = "coordinator"
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Ask `peer` for its latest version of `part` ("body", "head", "full"; the coordinator serves "global")."""
+
+    peer: str
+    part: str
+
+
+@dataclass(frozen=True)
+class Push:
+    """Send tensors and metadata to `target` (a peer id or `COORDINATOR_ID`) after this round's fit."""
+
+    target: str
+    kind: str
+    tensors: Mapping[str, torch.Tensor]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    part: str = ""
+
+
+@dataclass(frozen=True)
+class PeerModel:
+    """A verified part that arrived from a peer (or the coordinator) this round."""
+
+    sender: str
+    part: str
+    round: int
+    version: int
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+    @property
+    def n_train(self) -> int:
+        return int(self.meta.get("n_train", 1))
+
+
+class ArtefactSink:
+    """Per-round outputs of a strategy.
+
+    `record` puts a JSON-able value into this round's entry of results.json (keep it small:
+    scalars, short vectors); `save` appends a larger value (influence matrices, relevance
+    vectors) to `<out>/artefacts/<node>.jsonl`, which `p2pfl report` reads.
+    """
+
+    def __init__(self, node_id: str, directory: Path | None) -> None:
+        self.node_id = node_id
+        self.round = 0
+        self.records: dict[str, Any] = {}
+        self._path = None if directory is None else Path(directory) / f"{node_id}.jsonl"
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        self.saved: list[dict[str, Any]] = []
+
+    def begin_round(self, round_: int) -> None:
+        self.round = round_
+        self.records = {}
+
+    def record(self, key: str, value: Any) -> None:
+        self.records[key] = _jsonable(value)
+
+    def save(self, name: str, value: Any) -> None:
+        entry = {"node": self.node_id, "round": self.round, "name": name, "value": _jsonable(value)}
+        self.saved.append(entry)
+        if self._path is not None:
+            with self._path.open("a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclass
+class RoundContext:
+    """Everything a strategy may use in one round. `round` is 1-based; 0 during `setup`."""
+
+    node_id: str
+    round: int
+    rounds: int
+    peers: tuple[str, ...]
+    model: SplitModel
+    data: "NodeData"
+    trainer: LocalTrainer
+    rng: np.random.Generator
+    artefacts: ArtefactSink
+    log: Callable[[str], None] = print
+    coordinator: str | None = None
+    # The model's state when this round's fit began (output noise and FedProx anchor on it).
+    round_start: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Peers whose last fetch failed or timed out, for strategies that track liveness.
+    unreachable: set[str] = field(default_factory=set)
+
+
+class Strategy:
+    """Base strategy: local training, share the full model, download nothing, keep own model.
+
+    Subclasses declare their parameters as keyword arguments of `__init__` with defaults;
+    the registry validates scenario parameters against that signature.
+    """
+
+    name: ClassVar[str] = ""
+    needs_coordinator: ClassVar[bool] = False
+    # Parts this node serves to peers once per round (encoded once, served many times).
+    shared_parts: ClassVar[tuple[str, ...]] = ("full", "body", "head")
+
+    def setup(self, ctx: RoundContext) -> None:
+        """Once per node before round 1."""
+
+    def fit(self, ctx: RoundContext) -> FitResult:
+        return ctx.trainer.fit(ctx.model, ctx.data.train)
+
+    def shared_meta(self, ctx: RoundContext) -> dict[str, Any]:
+        """Metadata published with every part this round (the runtime adds `n_train`)."""
+        return {}
+
+    def pushes(self, ctx: RoundContext) -> list[Push]:
+        return []
+
+    def configure_fetch(self, ctx: RoundContext) -> list[Fetch]:
+        return []
+
+    def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
+        """Update `ctx.model` in place from what arrived (may be fewer than requested)."""

@@ -1,0 +1,179 @@
+"""Local training and evaluation, shared by every strategy.
+
+Privacy plugs in through `PrivacyMechanism`: DP-SGD wraps model, optimizer and loader for
+one fit; output noise perturbs the update before it is published. The trainer knows no
+algorithm and no network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from p2pfl.errors import ConfigError
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 0:
+            raise ConfigError("train.epochs", f"must be >= 0, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ConfigError("train.batch_size", f"must be >= 1, got {self.batch_size}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError("train.optimizer", f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
+        if not self.lr > 0:
+            raise ConfigError("train.lr", f"must be > 0, got {self.lr}")
+
+
+@dataclass
+class FitResult:
+    loss: float  # mean training loss over the last epoch
+    steps: int
+    samples: int
+
+
+class PrivacyMechanism(Protocol):
+    def make_private(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, epochs: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
+        """Wrap for one fit (DP-SGD); return the inputs unchanged for mechanisms that act on outputs."""
+        ...
+
+    def release(self, wrapped: nn.Module) -> None:
+        """Undo `make_private` after the fit: no hooks may survive into the next round."""
+        ...
+
+    def before_publish(self, model: nn.Module, round_start: Mapping[str, torch.Tensor]) -> None:
+        """Perturb the model in place before it is shared (output noise); no-op for DP-SGD."""
+        ...
+
+    def epsilon(self) -> float | None:
+        """Cumulative epsilon at the run's delta so far."""
+        ...
+
+    def exhausted(self) -> bool:
+        """True when one more round would exceed the configured epsilon budget."""
+        ...
+
+
+def _split_tensors(split: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return split.x, split.y
+
+
+class LocalTrainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        privacy: PrivacyMechanism | None = None,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.privacy = privacy
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def loader(self, split: Any, batch_size: int | None = None, shuffle: bool = True) -> DataLoader:
+        x, y = _split_tensors(split)
+        return DataLoader(
+            TensorDataset(x, y),
+            batch_size=batch_size or self.config.batch_size,
+            shuffle=shuffle,
+            generator=self.generator if shuffle else None,
+        )
+
+    def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        cfg = self.config
+        params = [p for p in params if p.requires_grad]
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def fit(
+        self,
+        model: nn.Module,
+        split: Any,
+        *,
+        epochs: int | None = None,
+        params: Iterable[nn.Parameter] | None = None,
+        regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+    ) -> FitResult:
+        """Train `params` (default: all of `model`) for `epochs` with a fresh optimizer.
+
+        `regularizer(model)` is added to the batch loss (FedProx's proximal term). A fresh
+        optimizer per fit keeps the round's update a function of the round's start model,
+        which is what peers aggregate.
+        """
+        epochs = self.config.epochs if epochs is None else epochs
+        model.to(self.device)
+        model.train()
+        selected = list(model.parameters()) if params is None else list(params)
+        selected_ids = {id(p) for p in selected}
+        frozen = [p for p in model.parameters() if id(p) not in selected_ids and p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        optimizer = self.make_optimizer(selected)
+        loader = self.loader(split)
+        trained: nn.Module = model
+        if self.privacy is not None and epochs > 0:
+            trained, optimizer, loader = self.privacy.make_private(model, optimizer, loader, epochs)
+        loss_fn = nn.CrossEntropyLoss()
+        steps = samples = 0
+        last_epoch_loss, last_epoch_n = 0.0, 0
+        try:
+            for _ in range(epochs):
+                last_epoch_loss, last_epoch_n = 0.0, 0
+                for xb, yb in loader:
+                    if len(yb) == 0:  # Poisson sampling in DP-SGD can draw empty batches
+                        continue
+                    xb, yb = xb.to(self.device), yb.to(self.device)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = loss_fn(trained(xb), yb)
+                    total = loss + regularizer(model) if regularizer is not None else loss
+                    total.backward()
+                    optimizer.step()
+                    steps += 1
+                    samples += len(yb)
+                    last_epoch_loss += float(loss.detach()) * len(yb)
+                    last_epoch_n += len(yb)
+        finally:
+            if trained is not model and self.privacy is not None:
+                self.privacy.release(trained)
+            for p in frozen:
+                p.requires_grad_(True)
+        return FitResult(loss=last_epoch_loss / max(last_epoch_n, 1), steps=steps, samples=samples)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: Any, batch_size: int = 1024) -> tuple[float, float]:
+        """(accuracy, mean cross-entropy) of `model` on `split`."""
+        x, y = _split_tensors(split)
+        if len(y) == 0:
+            return float("nan"), float("nan")
+        model.to(self.device)
+        was_training = model.training
+        model.eval()
+        correct, loss_sum = 0, 0.0
+        for start in range(0, len(y), batch_size):
+            xb = x[start : start + batch_size].to(self.device)
+            yb = y[start : start + batch_size].to(self.device)
+            logits = model(xb)
+            loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+            correct += int((logits.argmax(1) == yb).sum())
+        model.train(was_training)
+        return correct / len(y), loss_sum / len(y)
