@@ -1,0 +1,264 @@
+"""`p2pfl report DIR`: pictures from a run folder (results.json + artefacts) or a compare folder."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def load_artefacts(run_dir: Path) -> dict[str, dict[str, dict[int, Any]]]:
+    """name -> node -> round -> value, from `artefacts/*.jsonl`."""
+    out: dict[str, dict[str, dict[int, Any]]] = defaultdict(lambda: defaultdict(dict))
+    for path in sorted((run_dir / "artefacts").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                e = json.loads(line)
+                out[e["name"]][e["node"]][e["round"]] = e["value"]
+    return out
+
+
+def label_overlap(ground_truth: Mapping[str, Any]) -> np.ndarray:
+    """Σ_c min(p_i(c), p_j(c)) between the nodes' train label distributions."""
+    counts = np.array([n["train_class_counts"] for n in ground_truth["nodes"]], dtype=float)
+    p = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    return np.minimum(p[:, None, :], p[None, :, :]).sum(-1)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for n in results["nodes"]:
+        rounds = [r["round"] for r in n["rounds"]]
+        label = f"{n['id']} ({n['domain']})" if n.get("domain") else n["id"]
+        axes[0].plot(rounds, [r["test_acc"] for r in n["rounds"]], marker="o", label=label)
+        axes[1].plot(rounds, [r["test_acc_aggregated"] for r in n["rounds"]], marker="o", label=label)
+    axes[0].set_title("test accuracy after local training")
+    axes[1].set_title("test accuracy after aggregation")
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"{results['scenario']['name']}: {results['algorithm']}")
+    return _save(fig, out / "accuracy.png")
+
+
+def plot_bytes(results: Mapping[str, Any], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n in results["nodes"]:
+        rounds = [r["round"] for r in n["rounds"]]
+        ax.plot(rounds, [r["param_bytes_received"] / 2**20 for r in n["rounds"]], marker="o", label=n["id"])
+    ax.set_xlabel("round")
+    ax.set_ylabel("parameter MiB received")
+    ax.set_title(f"download per node per round ({results['algorithm']})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, out / "bytes_per_round.png")
+
+
+def _matrix_by_round(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], round_: int) -> np.ndarray:
+    """Rows: nodes; columns: peers (by id); NaN where a node holds no value for that peer."""
+    index = {nid: i for i, nid in enumerate(node_ids)}
+    mat = np.full((len(node_ids), len(node_ids)), np.nan)
+    for node, by_round in values.items():
+        v = by_round.get(round_)
+        if v is None or node not in index:
+            continue
+        for peer, x in zip(v["peers"], v["values"]):
+            if peer in index:
+                mat[index[node], index[peer]] = x
+    return mat
+
+
+def _heatmaps(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], title: str, path: Path,
+              extra: tuple[str, np.ndarray] | None = None, cmap: str = "viridis") -> Path:
+    rounds = sorted({r for by_round in values.values() for r in by_round})
+    shown = sorted({rounds[0], rounds[len(rounds) // 2], rounds[-1]})
+    panels = [(f"round {r}", _matrix_by_round(values, node_ids, r)) for r in shown]
+    if extra is not None:
+        panels.append(extra)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8))
+    axes = np.atleast_1d(axes)
+    short = [nid.replace("node-", "") for nid in node_ids]
+    for ax, (name, mat) in zip(axes, panels):
+        im = ax.imshow(mat, cmap=cmap)
+        ax.set_title(name)
+        ax.set_xticks(range(len(short)), short, fontsize=7)
+        ax.set_yticks(range(len(short)), short, fontsize=7)
+        ax.set_xlabel("peer")
+        ax.set_ylabel("node")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_influence_matrices(values: Mapping[str, Mapping[int, Any]], out: Path) -> Path:
+    """Λ (models × classes) of every node at its last round."""
+    nodes = sorted(values)
+    fig, axes = plt.subplots(1, len(nodes), figsize=(3.2 * len(nodes), 3.4))
+    axes = np.atleast_1d(axes)
+    for ax, node in zip(axes, nodes):
+        last = values[node][max(values[node])]
+        mat = np.array(last["values"])
+        im = ax.imshow(mat, cmap="magma", aspect="auto")
+        ax.set_title(f"{node}: Λ, round {max(values[node])}", fontsize=9)
+        ax.set_yticks(range(len(last["peers"])), [p.replace("node-", "") for p in last["peers"]], fontsize=7)
+        ax.set_xlabel("class")
+        ax.set_ylabel("model")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    return _save(fig, out / "class_influence.png")
+
+
+def plot_coordinator_weights(results: Mapping[str, Any], out: Path) -> Path | None:
+    coord = results.get("coordinator")
+    if not coord or not coord.get("rounds"):
+        return None
+    rounds = [r["round"] for r in coord["rounds"]]
+    nodes = sorted({k for r in coord["rounds"] for k in r["weights"]})
+    domains = {n["id"]: n.get("domain") for n in results["nodes"]}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for nid in nodes:
+        axes[0].plot(rounds, [r["weights"].get(nid, np.nan) for r in coord["rounds"]], marker="o",
+                     label=f"{nid} ({domains.get(nid)})" if domains.get(nid) else nid)
+    axes[0].set_title("aggregation weights ω per round")
+    axes[0].set_xlabel("round")
+    axes[0].legend(fontsize=7)
+    axes[0].grid(alpha=0.3)
+    held = [r.get("held_out_acc") for r in coord["rounds"]]
+    if any(h is not None for h in held):
+        axes[1].plot(rounds, held, marker="o")
+        axes[1].set_title(f"held-out domain ({coord.get('held_out_domain')}) accuracy, global model")
+        axes[1].set_xlabel("round")
+        axes[1].grid(alpha=0.3)
+    else:
+        axes[1].axis("off")
+    return _save(fig, out / "coordinator_weights.png")
+
+
+def plot_scalar_records(results: Mapping[str, Any], key: str, out: Path, ylabel: str) -> Path | None:
+    series = {n["id"]: [(r["round"], r.get("strategy", {}).get(key)) for r in n["rounds"]] for n in results["nodes"]}
+    if not any(v is not None for s in series.values() for _, v in s):
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for nid, s in series.items():
+        ax.plot([r for r, _ in s], [v for _, v in s], marker="o", label=nid)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, out / f"{key}.png")
+
+
+def plot_epsilon(results: Mapping[str, Any], out: Path) -> Path | None:
+    if all(r.get("epsilon") is None for n in results["nodes"] for r in n["rounds"]):
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n in results["nodes"]:
+        ax.plot([r["round"] for r in n["rounds"]], [r["epsilon"] for r in n["rounds"]], marker="o", label=n["id"])
+    ax.set_xlabel("round")
+    ax.set_ylabel("cumulative ε")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, out / "epsilon.png")
+
+
+def report_run(run_dir: Path) -> list[Path]:
+    results = json.loads((run_dir / "results.json").read_text())
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    paths = [plot_accuracy(results, out), plot_bytes(results, out)]
+    node_ids = [n["id"] for n in results["nodes"]]
+    artefacts = load_artefacts(run_dir)
+    if "lambda" in artefacts:
+        paths.append(_heatmaps(artefacts["lambda"], node_ids, "client-level influence λ (row: node, column: model)",
+                               out / "client_influence.png"))
+    if "Lambda" in artefacts:
+        paths.append(plot_influence_matrices(artefacts["Lambda"], out))
+    for name in ("relevance", "affinity"):
+        if name in artefacts:
+            truth = ("label overlap (ground truth)", label_overlap(results["ground_truth"]))
+            paths.append(_heatmaps(artefacts[name], node_ids, f"{name} vectors beside the partition's label overlap",
+                                   out / f"{name}.png", extra=truth, cmap="coolwarm"))
+    for key, label in (("lambda_self", "λ self-weight"), ("k", "dynamic k"), ("precision", "relevance precision"),
+                       ("recall", "relevance recall")):
+        p = plot_scalar_records(results, key, out, label)
+        if p is not None:
+            paths.append(p)
+    for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out)):
+        if p is not None:
+            paths.append(p)
+    return paths
+
+
+def report_compare(folder: Path) -> list[Path]:
+    data = json.loads((folder / "compare.json").read_text())
+    rows = data["rows"]
+    out = folder / "report"
+    out.mkdir(exist_ok=True)
+    labels = list(rows)
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(labels)), 4))
+    for offset, key, name in ((-0.2, "final", "after local training"), (0.2, "final_aggregated", "after aggregation")):
+        means = [np.mean([r[key] for r in rows[l]]) for l in labels]
+        stds = [np.std([r[key] for r in rows[l]]) for l in labels]
+        ax.bar(np.arange(len(labels)) + offset, means, 0.4, yerr=stds, capsize=3, label=name)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("mean test accuracy over nodes")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    paths = [_save(fig, out / "accuracy.png")]
+    # Communication per algorithm per round (pFedSV Fig. 8), from the per-run results.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label in labels:
+        runs = sorted((folder / _slug(label)).glob("seed*/results.json"))
+        per_round: dict[int, list[float]] = defaultdict(list)
+        for path in runs:
+            res = json.loads(path.read_text())
+            by_round: dict[int, float] = defaultdict(float)
+            for n in res["nodes"]:
+                for r in n["rounds"]:
+                    by_round[r["round"]] += r["param_bytes_received"]
+            for r, v in by_round.items():
+                per_round[r].append(v / 2**20)
+        if per_round:
+            xs = sorted(per_round)
+            ax.plot(xs, [np.mean(per_round[x]) for x in xs], marker="o", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("parameter MiB downloaded (all nodes)")
+    ax.set_title("communication per round")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "communication.png"))
+    return paths
+
+
+def _slug(label: str) -> str:
+    from p2pfl.report.compare import Row
+
+    return Row(label, label).slug
+
+
+def make_report(folder: Path) -> list[Path]:
+    folder = Path(folder)
+    if (folder / "compare.json").is_file():
+        paths = report_compare(folder)
+        for run in sorted(folder.glob("*/seed*/results.json")):
+            paths += report_run(run.parent)
+        return paths
+    if (folder / "results.json").is_file():
+        return report_run(folder)
+    raise FileNotFoundError(f"{folder} holds neither results.json (a run) nor compare.json (a compare)")

@@ -1,0 +1,3 @@
+from p2pfl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The `p2pfl` command: run, node, coordinator, compare, report, data."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from p2pfl.errors import ConfigError
+
+EXIT_CONFIG = 2
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario field, e.g. --set rounds=5 --set algorithm.params.gamma=2")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="p2pfl", description="Asynchronous peer-to-peer federated learning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a scenario: N node processes on this machine")
+    run.add_argument("scenario", type=Path)
+    run.add_argument("--out", type=Path, required=True, help="run folder (results.json, logs, artefacts)")
+    run.add_argument("--no-progress", action="store_true")
+    run.add_argument("--timeout", type=float, default=None, help="kill the run after this many seconds")
+    _add_set(run)
+
+    node = sub.add_parser("node", help="run one node from a node config (LAN deployment)")
+    node.add_argument("config", type=Path)
+
+    coord = sub.add_parser("coordinator", help="run the optional coordinator from its config")
+    coord.add_argument("config", type=Path)
+
+    cmp_ = sub.add_parser("compare", help="run several algorithms over several seeds and tabulate")
+    cmp_.add_argument("scenario", type=Path)
+    cmp_.add_argument("--algorithms", required=True,
+                      help="comma-separated; parameters in brackets: fedavg,fedc2i[gamma=1],fedc2i[variant=-lambda]")
+    cmp_.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+    cmp_.add_argument("--out", type=Path, required=True)
+    cmp_.add_argument("--reuse", action="store_true", help="skip runs whose results.json already exists")
+    cmp_.add_argument("--no-progress", action="store_true")
+    _add_set(cmp_)
+
+    rep = sub.add_parser("report", help="plots from a run folder or a compare folder")
+    rep.add_argument("folder", type=Path)
+
+    data = sub.add_parser("data", help="inspect data and partitions")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    show = data_sub.add_parser("show", help="print a scenario's partition and save a picture")
+    show.add_argument("scenario", type=Path)
+    show.add_argument("--png", type=Path, default=None, help="where to save the picture (default: partition.png)")
+    _add_set(show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"error in {exc.field}: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from p2pfl.scenario.launcher import run_scenario
+
+        _, code = run_scenario(args.scenario, args.out, args.overrides, progress=not args.no_progress, timeout_s=args.timeout)
+        return code
+    if args.command == "node":
+        from p2pfl.runtime.config import load_node_config
+        from p2pfl.runtime.node import run_node
+
+        return run_node(load_node_config(args.config))
+    if args.command == "coordinator":
+        from p2pfl.coordinator.service import run_coordinator
+        from p2pfl.runtime.config import load_node_config
+
+        return run_coordinator(load_node_config(args.config))
+    if args.command == "compare":
+        from p2pfl.report.compare import parse_algorithms, run_compare
+
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        return run_compare(args.scenario, parse_algorithms(args.algorithms), seeds, args.out, args.overrides,
+                           reuse=args.reuse, progress=not args.no_progress)
+    if args.command == "report":
+        from p2pfl.report import make_report
+
+        for path in make_report(args.folder):
+            print(path)
+        return 0
+    if args.command == "data":
+        from p2pfl.data import show
+        from p2pfl.scenario.schema import load_scenario
+
+        scenario = load_scenario(args.scenario, args.overrides)
+        png = args.png or Path("partition.png")
+        print(show(scenario.data, scenario.nodes, scenario.seed, png))
+        print(f"picture: {png}")
+        return 0
+    raise AssertionError(args.command)

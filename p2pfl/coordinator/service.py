@@ -1,0 +1,148 @@
+"""The optional coordinator: holds the global model for algorithms with a global step (DI, GA).
+
+It speaks the same signed wire format as the nodes: nodes push their round statistics
+(`kind="stats"`) to its inbox and pull the `global` part by long-poll. It never sees raw
+data; it scores the global model on the held-out domain's test split, when the scenario
+has one, for leave-one-domain-out evaluation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from p2pfl.coordinator.aggregators import Submission, build_aggregator
+from p2pfl.data import build_partition
+from p2pfl.models import build_model, load_part, part_spec
+from p2pfl.runtime.accounting import ByteCounter
+from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.transport import Endpoint
+from p2pfl.scenario.schema import Scenario, load_scenario
+from p2pfl.training import LocalTrainer
+from p2pfl.wire import Message, NodeKey, Roster, WireLimits
+
+
+class Coordinator:
+    def __init__(self, config: NodeConfig, scenario: Scenario | None = None) -> None:
+        self.config = config
+        self.scenario = sc = scenario or load_scenario(config.scenario, config.overrides)
+        self.log = logging.getLogger("p2pfl.coordinator")
+        torch.set_num_threads(sc.runtime.torch_threads)
+        self.partition = build_partition(sc.data, sc.nodes, sc.seed)
+        torch.manual_seed(sc.seed)
+        self.model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
+        self.spec = part_spec(self.model, "full")
+        self.aggregator = build_aggregator(sc.algorithm.name, sc.algorithm.params, rounds=sc.rounds)
+        self.evaluator = LocalTrainer(sc.train, device=sc.device)
+        self.counter = ByteCounter()
+        self.submissions: dict[int, dict[str, Submission]] = {}
+        self.arrived = asyncio.Event()
+        self.round = 0
+        self.done = False
+        self.rounds: list[dict[str, Any]] = []
+        self.endpoint = Endpoint(
+            node_id=config.id, key=NodeKey.load(config.key_file),
+            roster=Roster({pid: p.public_key for pid, p in config.peers.items()}),
+            urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
+            limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
+            expected_for=lambda kind, part: self.spec if kind == "stats" else None,
+            on_message=self._on_stats, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
+            max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
+        )
+
+    def _on_stats(self, message: Message) -> None:
+        h = message.header
+        if h.round <= self.round:
+            raise ValueError(f"round {h.round} is already aggregated (coordinator is at round {self.round})")
+        if h.round > self.scenario.rounds:
+            raise ValueError(f"round {h.round} is beyond the scenario's {self.scenario.rounds} rounds")
+        per_round = self.submissions.setdefault(h.round, {})
+        if h.sender in per_round:
+            raise ValueError(f"{h.sender} already submitted round {h.round}")
+        per_round[h.sender] = Submission(h.sender, message.torch_tensors(), dict(h.meta))
+        self.arrived.set()
+
+    async def collect(self, r: int, expected: set[str]) -> dict[str, Submission]:
+        """Wait for every expected node, or `fetch_timeout_s` after the first one arrived."""
+        loop = asyncio.get_running_loop()
+        timeout = self.scenario.runtime.fetch_timeout_s
+        first_deadline = loop.time() + 4 * timeout  # nodes may still be training
+        deadline = None
+        while True:
+            got = self.submissions.get(r, {})
+            if expected <= set(got):
+                return got
+            if got and deadline is None:
+                deadline = loop.time() + timeout
+            limit = deadline if deadline is not None else first_deadline
+            remaining = limit - loop.time()
+            if remaining <= 0:
+                return got
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), timeout=remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def run(self) -> dict[str, Any]:
+        cfg, sc = self.config, self.scenario
+        await self.endpoint.start(cfg.host, cfg.port)
+        self.log.info("coordinator on %s:%d for %d nodes, %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm.name)
+        started = time.perf_counter()
+        expected = set(cfg.peers)
+        status, error = "ok", None
+        try:
+            for r in range(1, sc.rounds + 1):
+                self.counter.begin_round(r)
+                t0 = time.perf_counter()
+                got = await self.collect(r, expected)
+                if not got:
+                    self.log.warning("no node submitted round %d; stopping", r)
+                    break
+                missing = expected - set(got)
+                if missing:
+                    self.log.warning("round %d: no statistics from %s; aggregating without them", r, sorted(missing))
+                expected = set(got)  # a node that missed a round is not waited for again
+                subs = [got[k] for k in sorted(got)]
+                update = await asyncio.to_thread(self.aggregator.aggregate, r, subs)
+                load_part(self.model, update.state)
+                held_acc = None
+                if self.partition.held_out is not None:
+                    held_acc, _ = self.evaluator.evaluate(self.model, self.partition.held_out)
+                self.round = r
+                await self.endpoint.publish(r, r, {"global": update.state}, {"weights": dict(update.weights)})
+                self.rounds.append({
+                    "round": r, "weights": dict(update.weights), "info": update.info, "held_out_acc": held_acc,
+                    "submitted": sorted(got), **self.counter.round_summary(r), "wall_s": time.perf_counter() - t0,
+                })
+                self.log.info("round %d aggregated from %d nodes, held-out acc %s", r, len(got), held_acc)
+                self.submissions.pop(r, None)
+        except Exception as exc:
+            status, error = "failed", "".join(traceback.format_exception(exc))
+            self.log.error("coordinator failed:\n%s", error)
+        self.done = True
+        await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
+        result = {
+            "id": cfg.id, "status": status, "error": error, "rounds": self.rounds,
+            "held_out_domain": self.partition.held_out_domain, "totals": self.counter.totals(),
+            "rejected": [{"sender": s, "status": c, "reason": r} for s, c, r in self.endpoint.rejected],
+            "wall_s": time.perf_counter() - started,
+        }
+        (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)
+        (cfg.out / "nodes" / f"{cfg.id}.result.json").write_text(json.dumps(result, indent=1))
+        await self.endpoint.close()
+        return result
+
+
+def run_coordinator(config: NodeConfig) -> int:
+    from p2pfl.runtime.node import setup_logging
+
+    setup_logging(config.id)
+    result = asyncio.run(Coordinator(config).run())
+    return 1 if result["status"] == "failed" else 0

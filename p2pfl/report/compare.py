@@ -1,0 +1,172 @@
+"""`p2pfl compare`: every algorithm row over every seed, as a paper-style table.
+
+Cells are mean (std) over seeds of the unweighted mean over nodes (the papers do not
+weight by sample count; `weighted_acc` in results.json does). Both evaluation points are
+shown: after local training (`test_acc`, the deployed model) and right after aggregation
+(`test_acc_aggregated`; FedAvg's global model).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2pfl.errors import ConfigError
+from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, scenario_from_dict
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    algorithm: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.label).strip("_")
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_algorithms(text: str) -> list[Row]:
+    """`fedavg,fedc2i[gamma=1,variant=-lambda]` -> rows with their parameters."""
+    rows = []
+    for token in _split_top_level(text):
+        match = re.fullmatch(r"([A-Za-z0-9_+-]+)(?:\[(.*)\])?", token)
+        if not match:
+            raise ConfigError("--algorithms", f"cannot parse {token!r}; expected name or name[key=value,...]")
+        params = {}
+        for item in _split_top_level(match.group(2) or ""):
+            path, value = parse_override(item)
+            params[".".join(path)] = value
+        rows.append(Row(token, match.group(1), params))
+    return rows
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def _cell(values: Sequence[float], scale: float = 100.0) -> str:
+    m, s = _mean_std(values)
+    return "-" if m != m else f"{m * scale:.1f} ({s * scale:.1f})"
+
+
+def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
+    nodes = results["nodes"]
+    per_round: dict[int, list[float]] = {}
+    per_round_agg: dict[int, list[float]] = {}
+    for n in nodes:
+        for r in n.get("rounds", []):
+            per_round.setdefault(r["round"], []).append(r["test_acc"])
+            per_round_agg.setdefault(r["round"], []).append(r["test_acc_aggregated"])
+    mean_by_round = {r: statistics.fmean(v) for r, v in per_round.items()}
+    agg_by_round = {r: statistics.fmean(v) for r, v in per_round_agg.items()}
+    labels = [n.get("domain") or n["id"] for n in nodes]
+    if len(set(labels)) != len(labels):
+        labels = [n["id"] for n in nodes]
+    return {
+        "node_labels": labels,
+        "node_acc": [n.get("final_test_acc") for n in nodes],
+        "final": results["summary"]["mean_acc"],
+        "best": max(mean_by_round.values()) if mean_by_round else None,
+        "final_aggregated": results["summary"].get("mean_acc_aggregated"),
+        "best_aggregated": max(agg_by_round.values()) if agg_by_round else None,
+        "total_bytes": results["summary"]["total_bytes"],
+        "total_param_bytes": results["summary"].get("total_param_bytes"),
+        "held_out_acc": results["summary"].get("held_out_acc"),
+        "epsilon": results["summary"].get("max_epsilon"),
+        "wall_s": results["summary"]["wall_s"],
+    }
+
+
+def format_table(rows: Mapping[str, list[dict[str, Any]]]) -> str:
+    first = next(iter(rows.values()))[0]
+    node_labels = first["node_labels"]
+    show_held = any(s.get("held_out_acc") is not None for runs in rows.values() for s in runs)
+    show_eps = any(s.get("epsilon") is not None for runs in rows.values() for s in runs)
+    head = ["algorithm", *node_labels, "avg", "best", "avg aggregated", "best aggregated"]
+    if show_held:
+        head.append("held-out")
+    if show_eps:
+        head.append("epsilon")
+    head += ["MiB sent", "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, runs in rows.items():
+        cells = [label]
+        for i in range(len(node_labels)):
+            cells.append(_cell([r["node_acc"][i] for r in runs if i < len(r["node_acc"])]))
+        cells += [_cell([r["final"] for r in runs]), _cell([r["best"] for r in runs]),
+                  _cell([r["final_aggregated"] for r in runs]), _cell([r["best_aggregated"] for r in runs])]
+        if show_held:
+            cells.append(_cell([r["held_out_acc"] for r in runs]))
+        if show_eps:
+            cells.append(_cell([r["epsilon"] for r in runs], scale=1.0))
+        cells.append(f"{statistics.fmean(r['total_bytes'] for r in runs) / 2**20:.1f}")
+        cells.append(str(len(runs)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
+                *, reuse: bool = False, progress: bool = True) -> int:
+    from p2pfl.scenario.launcher import run_loaded
+
+    base = apply_overrides(read_raw(scenario_path), overrides)
+    base_algorithm = base.get("algorithm", {}).get("name", "fedavg")
+    # Validate every row before the first run starts.
+    plans = []
+    for row in rows:
+        for seed in seeds:
+            raw = json.loads(json.dumps(base))
+            params = dict(raw.get("algorithm", {}).get("params", {})) if row.algorithm == base_algorithm else {}
+            raw["algorithm"] = {"name": row.algorithm, "params": params}
+            raw = apply_overrides(raw, [f"algorithm.params.{k}={json.dumps(v)}" for k, v in row.params.items()])
+            raw["seed"] = seed
+            plans.append((row, seed, scenario_from_dict(raw, source=str(scenario_path))))
+    out.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, list[dict[str, Any]]] = {row.label: [] for row in rows}
+    failures = 0
+    for row, seed, scenario in plans:
+        run_dir = out / row.slug / f"seed{seed}"
+        results_path = run_dir / "results.json"
+        if reuse and results_path.is_file():
+            results = json.loads(results_path.read_text())
+            code = 0 if not results["summary"]["nodes_failed"] else 1
+        else:
+            results, code = run_loaded(scenario, run_dir, progress=progress, quiet=True)
+        failures += code != 0
+        summaries[row.label].append(summarize_run(results))
+        s = summaries[row.label][-1]
+        print(f"{row.label} seed {seed}: acc {s['final']:.3f} (aggregated {s['final_aggregated']:.3f}), "
+              f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
+              file=sys.stderr)
+    table = format_table(summaries)
+    (out / "compare.json").write_text(json.dumps({"scenario": str(scenario_path), "seeds": seeds,
+                                                  "overrides": list(overrides), "rows": summaries}, indent=1))
+    (out / "compare.md").write_text(table + "\n")
+    print(table)
+    return 1 if failures else 0

@@ -1,0 +1,262 @@
+"""One node: an asyncio process that serves its model parts and runs its own round loop.
+
+No global barrier: each round the node trains, publishes a new version, gathers what its
+strategy asked for (waiting at most `fetch_timeout_s` per peer), aggregates, and moves on.
+Training runs in a worker thread so that the server keeps answering peers meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from p2pfl.algorithms import build_strategy
+from p2pfl.data import build_partition
+from p2pfl.models import build_model, part_spec, part_state
+from p2pfl.privacy import build_privacy, prepare_model
+from p2pfl.runtime.accounting import ByteCounter
+from p2pfl.runtime.checkpoint import save_checkpoint
+from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, Push, RoundContext
+from p2pfl.runtime.transport import Endpoint
+from p2pfl.scenario.schema import Scenario, load_scenario
+from p2pfl.training import LocalTrainer
+from p2pfl.wire import Message, NodeKey, Roster, WireLimits
+
+PROGRESS_PREFIX = "P2PFL-PROGRESS "
+PEER_PARTS = ("body", "head", "full")
+
+
+def node_seed(scenario_seed: int, index: int) -> int:
+    return scenario_seed * 100_003 + index
+
+
+def setup_logging(node_id: str, level: int = logging.INFO) -> logging.Logger:
+    logging.basicConfig(level=level, stream=sys.stderr, format=f"%(asctime)s {node_id} %(levelname)s %(message)s")
+    return logging.getLogger(f"p2pfl.{node_id}")
+
+
+class Node:
+    def __init__(self, config: NodeConfig, scenario: Scenario | None = None) -> None:
+        self.config = config
+        self.scenario = scenario or load_scenario(config.scenario, config.overrides)
+        self.log = logging.getLogger(f"p2pfl.{config.id}")
+        sc = self.scenario
+        torch.set_num_threads(sc.runtime.torch_threads)
+        self.partition = build_partition(sc.data, sc.nodes, sc.seed)
+        if not 0 <= config.index < len(self.partition.nodes):
+            raise ValueError(f"node index {config.index} outside the partition's {len(self.partition.nodes)} nodes")
+        self.data = self.partition.nodes[config.index]
+        torch.manual_seed(sc.seed)  # the same initial model on every node, as FedAvg assumes
+        model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
+        seed = node_seed(sc.seed, config.index)
+        self.privacy = build_privacy(
+            sc.privacy, n_train=len(self.data.train), batch_size=sc.train.batch_size,
+            epochs=sc.train.epochs, rounds=sc.rounds, seed=seed,
+        )
+        self.model = prepare_model(model) if self.privacy is not None else model
+        self.trainer = LocalTrainer(sc.train, device=sc.device, seed=seed, privacy=self.privacy)
+        self.strategy = build_strategy(sc.algorithm.name, sc.algorithm.params)
+        self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
+        self.counter = ByteCounter()
+        self.round = 0
+        self.done = False
+        self.status_text = "starting"
+        self.peer_cache: dict[tuple[str, str], PeerModel] = {}
+        key = NodeKey.load(config.key_file)
+        ids = {pid: info.public_key for pid, info in config.peers.items()}
+        if config.coordinator is not None:
+            ids[COORDINATOR_ID] = config.coordinator.public_key
+        urls = {pid: info.url for pid, info in config.peers.items()}
+        if config.coordinator is not None:
+            urls[COORDINATOR_ID] = config.coordinator.url
+        self.endpoint = Endpoint(
+            node_id=config.id, key=key, roster=Roster(ids), urls=urls, counter=self.counter,
+            limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
+            expected_for=self._expected, on_message=self._on_push, status=self._status,
+            max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
+        )
+        self.artefacts = ArtefactSink(config.id, config.out / "artefacts")
+        self.ctx = RoundContext(
+            node_id=config.id, round=0, rounds=sc.rounds, peers=tuple(sorted(config.peers)), model=self.model,
+            data=self.data, trainer=self.trainer, rng=np.random.default_rng(seed), artefacts=self.artefacts,
+            log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
+        )
+        self.rounds: list[dict[str, Any]] = []
+
+    # ---- endpoint callbacks ---------------------------------------------------------------
+    def _expected(self, kind: str, part: str) -> dict[str, tuple[tuple[int, ...], str]] | None:
+        if kind != "model":
+            return None
+        if part == "global":
+            return self.specs["full"]
+        return self.specs.get(part)
+
+    def _on_push(self, message: Message) -> None:
+        """A peer pushed a part: keep the newest version per (sender, part) for the next gather."""
+        h = message.header
+        if h.sender == COORDINATOR_ID and h.part != "global":
+            raise ValueError("the coordinator only pushes the global model")
+        current = self.peer_cache.get((h.sender, h.part))
+        if current is not None and current.version >= h.version:
+            raise ValueError(f"version {h.version} of {h.sender}/{h.part} is not newer than {current.version}")
+        self.peer_cache[(h.sender, h.part)] = _peer_model(message)
+
+    def _status(self) -> dict[str, Any]:
+        return {"id": self.config.id, "round": self.round, "done": self.done, "status": self.status_text}
+
+    # ---- the round loop -------------------------------------------------------------------
+    async def gather(self, fetches: list[Fetch], round_: int) -> list[PeerModel]:
+        timeout = self.scenario.runtime.fetch_timeout_s
+
+        async def one(fetch: Fetch) -> PeerModel | None:
+            if fetch.peer not in self.endpoint.urls:
+                self.log.warning("strategy asked for unknown peer %r", fetch.peer)
+                return None
+            cached = self.peer_cache.get((fetch.peer, fetch.part))
+            if cached is not None and cached.version >= round_:
+                return cached
+            # The coordinator waits up to `timeout` for stragglers itself, so its answer may take longer.
+            wait = 2 * timeout if fetch.peer == COORDINATOR_ID else timeout
+            message = await self.endpoint.fetch(fetch.peer, fetch.part, round_, wait)
+            if message is None:
+                return None
+            if message.header.version < round_ and not self.scenario.runtime.accept_stale:
+                return None
+            return _peer_model(message)
+
+        results = await asyncio.gather(*(one(f) for f in fetches))
+        arrived = [r for r in results if r is not None]
+        self.ctx.unreachable = {f.peer for f, r in zip(fetches, results) if r is None}
+        return arrived
+
+    async def send_pushes(self, pushes: list[Push], round_: int) -> None:
+        timeout = self.scenario.runtime.fetch_timeout_s
+        await asyncio.gather(*(
+            self.endpoint.push(
+                p.target, kind=p.kind, part=p.part, round_=round_, version=round_,
+                tensors=p.tensors, meta=p.meta, timeout=timeout,
+            )
+            for p in pushes
+        ))
+
+    async def run_round(self, r: int) -> dict[str, Any]:
+        started = time.perf_counter()
+        ctx, strategy = self.ctx, self.strategy
+        self.round = ctx.round = r
+        self.counter.begin_round(r)
+        self.artefacts.begin_round(r)
+        ctx.round_start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.status_text = "training"
+        fit = await asyncio.to_thread(strategy.fit, ctx)
+        if self.privacy is not None:
+            self.privacy.before_publish(self.model, ctx.round_start)
+        test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        meta = {"n_train": len(self.data.train), **strategy.shared_meta(ctx)}
+        if strategy.shared_parts:
+            parts = {p: part_state(self.model, p) for p in strategy.shared_parts}
+            await self.endpoint.publish(r, r, parts, meta)
+        self.status_text = "exchanging"
+        await self.send_pushes(strategy.pushes(ctx), r)
+        arrived = await self.gather(strategy.configure_fetch(ctx), r)
+        self.status_text = "aggregating"
+        await asyncio.to_thread(strategy.aggregate, ctx, arrived)
+        acc_agg, _ = self.trainer.evaluate(self.model, self.data.test)
+        record: dict[str, Any] = {
+            "round": r,
+            "test_acc": test_acc,
+            "test_loss": test_loss,
+            "test_acc_aggregated": acc_agg,
+            "train_loss": fit.loss,
+            "train_steps": fit.steps,
+            **self.counter.round_summary(r),
+            "wall_s": time.perf_counter() - started,
+            "epsilon": None if self.privacy is None else self.privacy.epsilon(),
+            "arrived": sorted(m.sender for m in arrived),
+            "stale": sorted(m.sender for m in arrived if m.version < r),
+            "strategy": dict(self.artefacts.records),
+        }
+        return record
+
+    async def run(self) -> dict[str, Any]:
+        cfg, sc = self.config, self.scenario
+        await self.endpoint.start(cfg.host, cfg.port)
+        self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm.name)
+        started = time.perf_counter()
+        status = "ok"
+        error = None
+        try:
+            await asyncio.to_thread(self.strategy.setup, self.ctx)
+            for r in range(1, sc.rounds + 1):
+                if self.privacy is not None and self.privacy.exhausted():
+                    status = "budget_exhausted"
+                    self.log.warning(
+                        "stopping before round %d: another round would exceed the epsilon budget (epsilon so far %.3f)",
+                        r, self.privacy.epsilon() or 0.0,
+                    )
+                    await self.endpoint.store.withdraw()
+                    break
+                record = await self.run_round(r)
+                self.rounds.append(record)
+                _progress({"id": cfg.id, "round": r, "test_acc": record["test_acc"]})
+        except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
+            status = "failed"
+            error = "".join(traceback.format_exception(exc))
+            self.log.error("node failed:\n%s", error)
+        self.done = True
+        self.status_text = status
+        if status == "ok":
+            await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
+        result = self.result(status, error, time.perf_counter() - started)
+        result["checkpoint"] = str(cfg.out / "checkpoints" / f"{cfg.id}.p2pfl")
+        save_checkpoint(Path(result["checkpoint"]), self.model.state_dict(), key=self.endpoint.key,
+                        node_id=cfg.id, round_=self.round)
+        (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)
+        (cfg.out / "nodes" / f"{cfg.id}.result.json").write_text(json.dumps(result, indent=1))
+        await self.endpoint.close()
+        return result
+
+    def result(self, status: str, error: str | None, wall_s: float) -> dict[str, Any]:
+        last = self.rounds[-1] if self.rounds else {}
+        return {
+            "id": self.config.id,
+            "index": self.config.index,
+            "status": status,
+            "error": error,
+            "domain": self.data.domain,
+            "n_train": len(self.data.train),
+            "n_val": len(self.data.val),
+            "n_test": len(self.data.test),
+            "rounds": self.rounds,
+            "final_test_acc": last.get("test_acc"),
+            "final_test_acc_aggregated": last.get("test_acc_aggregated"),
+            "final_epsilon": last.get("epsilon"),
+            "totals": self.counter.totals(),
+            "rejected": [{"sender": s, "status": c, "reason": r} for s, c, r in self.endpoint.rejected],
+            "wall_s": wall_s,
+        }
+
+
+def _peer_model(message: Message) -> PeerModel:
+    h = message.header
+    return PeerModel(h.sender, h.part, h.round, h.version, message.torch_tensors(), dict(h.meta))
+
+
+def _progress(payload: dict[str, Any]) -> None:
+    print(PROGRESS_PREFIX + json.dumps(payload), flush=True)
+
+
+def run_node(config: NodeConfig) -> int:
+    setup_logging(config.id)
+    node = Node(config)
+    result = asyncio.run(node.run())
+    return 1 if result["status"] == "failed" else 0

@@ -1,0 +1,156 @@
+"""Start N node processes (and the coordinator, if the algorithm needs one) on this machine.
+
+Writes keys, per-node configs and the resolved scenario into the run folder, shows a
+progress bar of rounds done across nodes, collects each node's result into
+`results.json`, and returns non-zero if any process failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from p2pfl.algorithms import strategy_class
+from p2pfl.data import build_partition, prepare
+from p2pfl.runtime.config import NodeConfig, PeerInfo
+from p2pfl.runtime.node import PROGRESS_PREFIX
+from p2pfl.runtime.strategy import COORDINATOR_ID
+from p2pfl.scenario.results import build_results, format_summary, node_ids
+from p2pfl.scenario.schema import Scenario, apply_overrides, read_raw, scenario_from_dict
+from p2pfl.wire import NodeKey
+
+
+def free_ports(count: int, host: str) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind((host, 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
+    """Keys, resolved scenario and one config per process; returns node config paths and the coordinator's."""
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("keys", "nodes", "logs", "artefacts"):
+        (out / sub).mkdir(exist_ok=True)
+    for stale in (out / "artefacts").glob("*.jsonl"):
+        stale.unlink()  # artefacts are appended per round: a rerun into the same folder starts clean
+    scenario_path = out / "scenario.json"
+    scenario_path.write_text(json.dumps(scenario.to_dict(), indent=2))
+    host = scenario.runtime.host
+    ids = node_ids(scenario.nodes)
+    needs_coordinator = strategy_class(scenario.algorithm.name).needs_coordinator
+    all_ids = ids + ([COORDINATOR_ID] if needs_coordinator else [])
+    keys = {i: NodeKey.generate() for i in all_ids}
+    for i, key in keys.items():
+        key.save(out / "keys" / f"{i}.key")
+    ports = dict(zip(all_ids, free_ports(len(all_ids), host)))
+    infos = {i: PeerInfo(f"http://{host}:{ports[i]}", keys[i].public_hex) for i in all_ids}
+    coordinator = infos.get(COORDINATOR_ID)
+    paths = []
+    for index, nid in enumerate(ids):
+        cfg = NodeConfig(
+            id=nid, index=index, host=host, port=ports[nid], key_file=out / "keys" / f"{nid}.key",
+            scenario=scenario_path, out=out, peers={p: infos[p] for p in ids if p != nid}, coordinator=coordinator,
+        )
+        path = out / "nodes" / f"{nid}.json"
+        cfg.save(path)
+        paths.append(path)
+    coordinator_path = None
+    if needs_coordinator:
+        cfg = NodeConfig(
+            id=COORDINATOR_ID, index=-0, host=host, port=ports[COORDINATOR_ID],
+            key_file=out / "keys" / f"{COORDINATOR_ID}.key", scenario=scenario_path, out=out,
+            peers={p: infos[p] for p in ids},
+        )
+        coordinator_path = out / "nodes" / f"{COORDINATOR_ID}.json"
+        cfg.save(coordinator_path)
+    return paths, coordinator_path
+
+
+async def _spawn(args: Sequence[str], log_path: Path, threads: int) -> asyncio.subprocess.Process:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=open(log_path, "wb"), env=env,
+    )
+
+
+async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
+                         progress: bool, timeout_s: float | None) -> dict[str, int]:
+    threads = scenario.runtime.torch_threads
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    if coordinator_path is not None:
+        procs[COORDINATOR_ID] = await _spawn(
+            [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)], out / "logs" / f"{COORDINATOR_ID}.log", threads
+        )
+    for path in node_paths:
+        procs[path.stem] = await _spawn([sys.executable, "-m", "p2pfl", "node", str(path)], out / "logs" / f"{path.stem}.log", threads)
+    bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
+               unit="round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+
+    async def follow(name: str, proc: asyncio.subprocess.Process) -> int:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            text = line.decode(errors="replace").strip()
+            if text.startswith(PROGRESS_PREFIX):
+                bar.update(1)
+        return await proc.wait()
+
+    tasks = {name: asyncio.create_task(follow(name, p)) for name, p in procs.items()}
+    try:
+        done, pending = await asyncio.wait(tasks.values(), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        codes = {}
+        for name, task in tasks.items():
+            if task in done:
+                codes[name] = task.result()
+            else:
+                procs[name].kill()
+                codes[name] = -9
+        return codes
+    finally:
+        bar.close()
+        for p in procs.values():
+            if p.returncode is None:
+                p.kill()
+
+
+def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (), *, progress: bool = True,
+                 timeout_s: float | None = None, quiet: bool = False) -> tuple[dict[str, Any], int]:
+    """Run one scenario file to completion; returns (results, exit code)."""
+    scenario = scenario_from_dict(apply_overrides(read_raw(path), overrides), source=str(path))
+    return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet)
+
+
+def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
+               quiet: bool = False) -> tuple[dict[str, Any], int]:
+    out = Path(out)
+    started = time.perf_counter()
+    prepare(scenario.data)
+    node_paths, coordinator_path = write_run_folder(scenario, out)
+    codes = asyncio.run(_run_processes(scenario, out, node_paths, coordinator_path, progress, timeout_s))
+    wall_s = time.perf_counter() - started
+    partition = build_partition(scenario.data, scenario.nodes, scenario.seed)
+    results = build_results(scenario, out, codes, wall_s, partition.ground_truth())
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if not quiet:
+        print(format_summary(results))
+        print(f"results: {out / 'results.json'}")
+    failed = [name for name, code in codes.items() if code != 0]
+    if failed and not quiet:
+        print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
+    return results, (1 if failed else 0)

@@ -1,0 +1,116 @@
+"""results.json: the resolved scenario, every node's rounds, a summary, and the partition's ground truth."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from p2pfl.runtime.strategy import COORDINATOR_ID
+
+
+def node_ids(n: int) -> list[str]:
+    width = len(str(n - 1))
+    return [f"node-{i:0{width}d}" for i in range(n)]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
+def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_s: float,
+                  ground_truth: Mapping[str, Any]) -> dict[str, Any]:
+    nodes = []
+    for nid in node_ids(scenario.nodes):
+        path = out / "nodes" / f"{nid}.result.json"
+        if path.is_file():
+            result = json.loads(path.read_text())
+        else:
+            result = {"id": nid, "status": "failed", "error": f"no result file (exit code {exit_codes.get(nid)})",
+                      "rounds": [], "final_test_acc": None}
+        result["exit_code"] = exit_codes.get(nid)
+        nodes.append(result)
+    coordinator = None
+    coord_path = out / "nodes" / f"{COORDINATOR_ID}.result.json"
+    if coord_path.is_file():
+        coordinator = json.loads(coord_path.read_text())
+    finished = [n for n in nodes if n.get("final_test_acc") is not None]
+    accs = [n["final_test_acc"] for n in finished]
+    mean_acc, std_acc = _mean_std(accs)
+    agg_mean, _ = _mean_std([n.get("final_test_acc_aggregated") for n in finished])
+    n_test = [n.get("n_test", 0) for n in finished]
+    weighted = sum(a * w for a, w in zip(accs, n_test)) / sum(n_test) if sum(n_test) else float("nan")
+    total_bytes = sum(n.get("totals", {}).get("bytes_sent", 0) for n in nodes)
+    total_param = sum(n.get("totals", {}).get("param_bytes_sent", 0) for n in nodes)
+    if coordinator is not None:
+        total_bytes += coordinator.get("totals", {}).get("bytes_sent", 0)
+        total_param += coordinator.get("totals", {}).get("param_bytes_sent", 0)
+    eps = [n.get("final_epsilon") for n in finished if n.get("final_epsilon") is not None]
+    summary = {
+        "mean_acc": mean_acc,
+        "std_acc": std_acc,
+        "weighted_acc": weighted,
+        "mean_acc_aggregated": agg_mean,
+        "total_bytes": total_bytes,
+        "total_param_bytes": total_param,
+        "wall_s": wall_s,
+        "max_epsilon": max(eps) if eps else None,
+        "nodes_ok": sum(1 for n in nodes if n.get("status") == "ok"),
+        "nodes_failed": [n["id"] for n in nodes if n.get("status") == "failed" or (n.get("exit_code") not in (0, None))],
+    }
+    if coordinator is not None and coordinator.get("rounds"):
+        held = [r.get("held_out_acc") for r in coordinator["rounds"] if r.get("held_out_acc") is not None]
+        if held:
+            summary["held_out_acc"] = held[-1]
+            summary["held_out_acc_best"] = max(held)
+    return {
+        "scenario": scenario.to_dict(),
+        "algorithm": scenario.algorithm.name,
+        "nodes": nodes,
+        "coordinator": coordinator,
+        "summary": summary,
+        "ground_truth": dict(ground_truth),
+    }
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def format_summary(results: Mapping[str, Any]) -> str:
+    header = f"{'node':<10} {'domain':<8} {'status':<16} {'n_train':>7} {'acc':>6} {'acc_agg':>7} {'epsilon':>8} {'sent':>10} {'received':>10}"
+    lines = [header, "-" * len(header)]
+    for n in results["nodes"]:
+        totals = n.get("totals", {})
+        lines.append(
+            f"{n['id']:<10} {str(n.get('domain') or '-'):<8} {n.get('status', '?'):<16} {n.get('n_train', 0):>7} "
+            f"{_fmt(n.get('final_test_acc')):>6} {_fmt(n.get('final_test_acc_aggregated')):>7} "
+            f"{_fmt(n.get('final_epsilon'), '.2f'):>8} {human_bytes(totals.get('bytes_sent', 0)):>10} "
+            f"{human_bytes(totals.get('bytes_received', 0)):>10}"
+        )
+    s = results["summary"]
+    lines.append("-" * len(header))
+    lines.append(
+        f"{results['algorithm']}: mean acc {_fmt(s['mean_acc'])} (std {_fmt(s['std_acc'])}), weighted {_fmt(s['weighted_acc'])}, "
+        f"aggregated {_fmt(s.get('mean_acc_aggregated'))}, epsilon {_fmt(s.get('max_epsilon'), '.2f')}, "
+        f"bytes {human_bytes(s['total_bytes'])}, wall {s['wall_s']:.1f} s"
+    )
+    if "held_out_acc" in s:
+        lines.append(f"held-out domain accuracy (global model): {_fmt(s['held_out_acc'])} (best {_fmt(s['held_out_acc_best'])})")
+    return "\n".join(lines)

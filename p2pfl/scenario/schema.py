@@ -1,0 +1,207 @@
+"""The scenario file: one TOML table per concern, validated with errors that name the field.
+
+    name, nodes, seed, rounds, device       top-level keys
+    [data]        p2pfl.data.DataSpec
+    [model]       name = "cnn" | "lenet"
+    [algorithm]   name, [algorithm.params]
+    [train]       epochs, batch_size, optimizer, lr, momentum, weight_decay
+    [runtime]     timeouts, message size limit, threads, ...
+    [privacy]     p2pfl.privacy.PrivacySpec
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from p2pfl.errors import ConfigError
+from p2pfl.training import TrainConfig
+
+TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy"}
+
+
+def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            where = f"{prefix}.{key}" if prefix else key
+            raise ConfigError(where, f"unknown field; allowed fields are {sorted(allowed)}")
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    """Check a TOML value's type; ints are accepted where floats are expected."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and bool not in kinds:
+        raise ConfigError(where, f"expected {'/'.join(k.__name__ for k in kinds)}, got a boolean")
+    if not isinstance(value, kinds):
+        raise ConfigError(where, f"expected {'/'.join(k.__name__ for k in kinds)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _dataclass_from_table(cls: type, table: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(table, Mapping):
+        raise ConfigError(prefix, f"expected a table, got {type(table).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _check_keys(table, list(fields), prefix)
+    values = {}
+    for key, value in table.items():
+        declared = fields[key].type
+        kind: tuple[type, ...] = {"int": (int,), "float": (float,), "str": (str,), "bool": (bool,)}.get(
+            str(declared).split(" |")[0], (object,)
+        )
+        if value is not None and kind != (object,):
+            value = _typed(value, kind, f"{prefix}.{key}")
+        values[key] = value
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str = "cnn"
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    name: str = "fedavg"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    fetch_timeout_s: float = 60.0     # longest wait for a peer's version of this round
+    connect_retry_s: float = 0.25     # first backoff step when a peer is not up yet
+    message_limit_mb: float = 64.0    # largest accepted message (aiohttp's default is 1 MiB)
+    accept_stale: bool = True         # use a peer's older version when the wanted one is late
+    torch_threads: int = 1            # 2 cores are shared by all node processes
+    linger_s: float = 60.0            # keep serving after the last round until peers are done
+    host: str = "127.0.0.1"
+    max_skew_s: float = 300.0         # accepted clock difference for message timestamps
+
+    def __post_init__(self) -> None:
+        for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"runtime.{name}", f"must be > 0, got {getattr(self, name)}")
+        if self.torch_threads < 1:
+            raise ConfigError("runtime.torch_threads", f"must be >= 1, got {self.torch_threads}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nodes: int
+    seed: int
+    rounds: int
+    device: str
+    data: Any  # p2pfl.data.DataSpec
+    model: ModelSpec
+    algorithm: AlgorithmSpec
+    train: TrainConfig
+    runtime: RuntimeSpec
+    privacy: Any  # p2pfl.privacy.PrivacySpec
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved scenario (defaults filled in), JSON-able, loadable again by `scenario_from_dict`."""
+        out: dict[str, Any] = {
+            "name": self.name, "nodes": self.nodes, "seed": self.seed, "rounds": self.rounds, "device": self.device,
+        }
+        for key in ("data", "model", "train", "runtime", "privacy"):
+            out[key] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(getattr(self, key)).items()}
+        out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
+        return out
+
+
+def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
+    from p2pfl.algorithms import build_strategy, strategy_class
+    from p2pfl.data import DataSpec
+    from p2pfl.models import MODELS
+    from p2pfl.privacy import PrivacySpec
+
+    _check_keys(raw, sorted(TOP_LEVEL), "")
+    name = _typed(raw.get("name", Path(source).stem), str, "name")
+    nodes = _typed(raw.get("nodes", 3), int, "nodes")
+    if nodes < 1:
+        raise ConfigError("nodes", f"must be >= 1, got {nodes}")
+    seed = _typed(raw.get("seed", 0), int, "seed")
+    rounds = _typed(raw.get("rounds", 3), int, "rounds")
+    if rounds < 1:
+        raise ConfigError("rounds", f"must be >= 1, got {rounds}")
+    device = _typed(raw.get("device", "cpu"), str, "device")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ConfigError("device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
+
+    data = DataSpec.from_dict(raw.get("data", {}), prefix="data")
+    model = _dataclass_from_table(ModelSpec, raw.get("model", {}), "model")
+    if model.name not in MODELS:
+        raise ConfigError("model.name", f"unknown model {model.name!r}; choose one of {sorted(MODELS)}")
+    algo_table = raw.get("algorithm", {})
+    if not isinstance(algo_table, Mapping):
+        raise ConfigError("algorithm", "expected a table with `name` and optional `params`")
+    _check_keys(algo_table, ["name", "params"], "algorithm")
+    algo_name = _typed(algo_table.get("name", "fedavg"), str, "algorithm.name")
+    params = algo_table.get("params", {})
+    if not isinstance(params, Mapping):
+        raise ConfigError("algorithm.params", "expected a table")
+    strategy_class(algo_name)
+    build_strategy(algo_name, params)  # validates the parameters now, before any process starts
+    algorithm = AlgorithmSpec(algo_name, dict(params))
+    train = _dataclass_from_table(TrainConfig, raw.get("train", {}), "train")
+    runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")
+    privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
+    return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, raw=dict(raw))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`key.path=value`; the value is read as a TOML literal, else taken as a bare string."""
+    if "=" not in text:
+        raise ConfigError("--set", f"expected key.path=value, got {text!r}")
+    key, value_text = text.split("=", 1)
+    path = [part for part in key.strip().split(".") if part]
+    if not path:
+        raise ConfigError("--set", f"empty key in {text!r}")
+    try:
+        value = tomllib.loads(f"v = {value_text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = value_text.strip()
+    return path, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    raw = json.loads(json.dumps(raw))  # deep copy; TOML values are all JSON-able except dates
+    for text in overrides:
+        path, value = parse_override(text)
+        table = raw
+        for part in path[:-1]:
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                raise ConfigError(".".join(path), f"{part!r} is not a table")
+        table[path[-1]] = value
+    return raw
+
+
+def read_raw(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("scenario", f"file not found: {path}")
+    text = path.read_text()
+    if path.suffix == ".json":
+        return json.loads(text)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("scenario", f"{path} is not valid TOML: {exc}") from exc
+
+
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
+    return scenario_from_dict(apply_overrides(read_raw(path), overrides), source=str(path))

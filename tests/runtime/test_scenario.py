@@ -1,0 +1,59 @@
+"""Scenario validation: a wrong field is named, and `p2pfl run` exits with status 2 before starting anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from p2pfl.errors import ConfigError
+from p2pfl.scenario.schema import apply_overrides, load_scenario, parse_override, read_raw, scenario_from_dict
+
+from .helpers import write_tiny
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("nodes=0", "nodes"),
+        ("rounds='three'", "rounds"),
+        ("colour=1", "colour"),
+        ("model.name='resnet'", "model.name"),
+        ("algorithm.name='fedmagic'", "algorithm.name"),
+        ("algorithm.params.gamma=1", "algorithm.params.gamma"),
+        ("train.lr=-1", "train.lr"),
+        ("train.optimizer='adagrad'", "train.optimizer"),
+        ("train.batch_size=1.5", "train.batch_size"),
+        ("runtime.fetch_timeout_s=0", "runtime.fetch_timeout_s"),
+        ("runtime.linger=3", "runtime.linger"),
+        ("data.partition='random'", "data.partition"),
+        ("data.dataset='imagenet'", "data.dataset"),
+        ("privacy.mode='magic'", "privacy.mode"),
+    ],
+)
+def test_wrong_field_is_named(tmp_path, override, field):
+    raw = apply_overrides(read_raw(write_tiny(tmp_path)), [override])
+    with pytest.raises(ConfigError) as info:
+        scenario_from_dict(raw)
+    assert info.value.field == field, str(info.value)
+
+
+def test_overrides_are_typed(tmp_path):
+    sc = load_scenario(write_tiny(tmp_path), ["rounds=5", "train.lr=0.01", "runtime.accept_stale=false"])
+    assert (sc.rounds, sc.train.lr, sc.runtime.accept_stale) == (5, 0.01, False)
+    assert parse_override("algorithm.params.variant=-lambda") == (["algorithm", "params", "variant"], "-lambda")
+
+
+def test_resolved_scenario_round_trips(tmp_path):
+    sc = load_scenario(write_tiny(tmp_path))
+    assert scenario_from_dict(sc.to_dict()).to_dict() == sc.to_dict()
+
+
+def test_cli_exits_2_and_names_the_field(tmp_path):
+    path = write_tiny(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "p2pfl", "run", str(path), "--out", str(tmp_path / "run"),
+                           "--set", "train.epochs=-1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "train.epochs" in proc.stderr
+    assert not (tmp_path / "run").exists(), "nothing starts before the scenario is valid"
