@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--no-progress", action="store_true")
     _add_set(cmp_)
 
+    lan = sub.add_parser("lan", help="write keys and node configs for a LAN deployment")
+    lan.add_argument("scenario", type=Path)
+    lan.add_argument("--hosts", required=True, help="comma-separated host:port, one per node, in node order")
+    lan.add_argument("--coordinator", default=None, help="host:port of the coordinator, for DI/GA")
+    lan.add_argument("--out", type=Path, required=True)
+
     rep = sub.add_parser("report", help="plots from a run folder or a compare folder")
     rep.add_argument("folder", type=Path)
 
@@ -87,6 +93,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         return run_compare(args.scenario, parse_algorithms(args.algorithms), seeds, args.out, args.overrides,
                            reuse=args.reuse, progress=not args.no_progress)
+    if args.command == "lan":
+        from p2pfl.scenario.launcher import write_lan_configs
+
+        hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+        for path in write_lan_configs(args.scenario, hosts, args.out, args.coordinator):
+            print(f"p2pfl {'coordinator' if path.stem == 'coordinator' else 'node'} {path}")
+        return 0
     if args.command == "report":
         from p2pfl.report import make_report
 

@@ -20,6 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from p2pfl.algorithms import strategy_class
+from p2pfl.errors import ConfigError
 from p2pfl.data import build_partition, prepare
 from p2pfl.runtime.config import NodeConfig, PeerInfo
 from p2pfl.runtime.node import PROGRESS_PREFIX
@@ -72,7 +73,7 @@ def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | 
     coordinator_path = None
     if needs_coordinator:
         cfg = NodeConfig(
-            id=COORDINATOR_ID, index=-0, host=host, port=ports[COORDINATOR_ID],
+            id=COORDINATOR_ID, index=0, host=host, port=ports[COORDINATOR_ID],
             key_file=out / "keys" / f"{COORDINATOR_ID}.key", scenario=scenario_path, out=out,
             peers={p: infos[p] for p in ids},
         )
@@ -154,3 +155,44 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     if failed and not quiet:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
     return results, (1 if failed else 0)
+
+
+def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
+                      coordinator_address: str | None = None) -> list[Path]:
+    """Keys and one config per node for a LAN deployment; `addresses` are `host:port`, one per node.
+
+    Copy `out` to every machine (each needs only its own key) and start `p2pfl node out/<id>.json`.
+    """
+    scenario = scenario_from_dict(read_raw(scenario_path), source=str(scenario_path))
+    if len(addresses) != scenario.nodes:
+        raise ConfigError("--hosts", f"the scenario has {scenario.nodes} nodes but {len(addresses)} addresses were given")
+    needs_coordinator = strategy_class(scenario.algorithm.name).needs_coordinator
+    if needs_coordinator and coordinator_address is None:
+        raise ConfigError("--coordinator", f"{scenario.algorithm.name} needs a coordinator address (host:port)")
+    ids = node_ids(scenario.nodes)
+    hostports = dict(zip(ids, addresses))
+    if needs_coordinator:
+        hostports[COORDINATOR_ID] = coordinator_address  # type: ignore[assignment]
+    out.mkdir(parents=True, exist_ok=True)
+    infos = {}
+    for nid, address in hostports.items():
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError("--hosts", f"expected host:port, got {address!r}")
+        key = NodeKey.generate()
+        key.save(out / f"{nid}.key")
+        infos[nid] = (host, int(port), PeerInfo(f"http://{host}:{port}", key.public_hex))
+    scenario_rel = Path(os.path.relpath(Path(scenario_path).resolve(), out.resolve()))
+    paths = []
+    for index, nid in enumerate(list(hostports)):
+        host, port, _ = infos[nid]
+        peers = {p: infos[p][2] for p in ids if p != nid}
+        cfg = NodeConfig(
+            id=nid, index=index if nid != COORDINATOR_ID else 0, host="0.0.0.0", port=port,
+            key_file=Path(f"{nid}.key"), scenario=scenario_rel, out=Path("run"), peers=peers,
+            coordinator=infos[COORDINATOR_ID][2] if needs_coordinator and nid != COORDINATOR_ID else None,
+        )
+        path = out / f"{nid}.json"
+        cfg.save(path)
+        paths.append(path)
+    return paths

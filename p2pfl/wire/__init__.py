@@ -1,0 +1,54 @@
+"""Signed, pickle-free wire format for p2pfl messages.
+
+Depends on nothing else in p2pfl, so the transport, the runtime and offline tools can
+all use it without import cycles.
+"""
+
+from p2pfl.wire.body import DTYPES, EncodedBody, encode_body
+from p2pfl.wire.envelope import MAGIC, Message, encode, open_message, peek_header, seal
+from p2pfl.wire.errors import (
+    BadSignature,
+    MalformedMessage,
+    NonFiniteValues,
+    OversizedMessage,
+    ReplayedMessage,
+    ShapeMismatch,
+    StaleMessage,
+    UnknownDtype,
+    UnknownSender,
+    WireError,
+    WrongRecipient,
+)
+from p2pfl.wire.header import PROTOCOL_VERSION, Header
+from p2pfl.wire.keys import NodeKey, Roster
+from p2pfl.wire.limits import WireLimits
+from p2pfl.wire.replay import ReplayGuard
+
+__all__ = [
+    "BadSignature",
+    "DTYPES",
+    "EncodedBody",
+    "Header",
+    "MAGIC",
+    "MalformedMessage",
+    "Message",
+    "NodeKey",
+    "NonFiniteValues",
+    "OversizedMessage",
+    "PROTOCOL_VERSION",
+    "ReplayGuard",
+    "ReplayedMessage",
+    "Roster",
+    "ShapeMismatch",
+    "StaleMessage",
+    "UnknownDtype",
+    "UnknownSender",
+    "WireError",
+    "WireLimits",
+    "WrongRecipient",
+    "encode",
+    "encode_body",
+    "open_message",
+    "peek_header",
+    "seal",
+]

@@ -1,0 +1,136 @@
+"""Ed25519 node identities: a private key per node, a roster of public keys per deployment."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from p2pfl.wire.errors import BadSignature, UnknownSender, quote
+
+KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+
+_RAW = serialization.Encoding.Raw
+_RAW_PRIV = serialization.PrivateFormat.Raw
+_RAW_PUB = serialization.PublicFormat.Raw
+_NO_ENC = serialization.NoEncryption()
+
+
+def _raw_key_from_hex(hex_str: str, what: str) -> bytes:
+    if not isinstance(hex_str, str):
+        raise ValueError(f"{what}: expected a hex string, got {type(hex_str).__name__}")
+    text = hex_str.strip()
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"{what}: not valid hex") from None
+    if len(raw) != KEY_BYTES:
+        raise ValueError(f"{what}: expected {KEY_BYTES} bytes ({2 * KEY_BYTES} hex chars), got {len(raw)} bytes")
+    return raw
+
+
+class NodeKey:
+    """A node's Ed25519 signing key."""
+
+    __slots__ = ("_key", "_public_hex")
+
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+        # Cached: the public key is logged and compared often, and never changes.
+        self._public_hex = key.public_key().public_bytes(_RAW, _RAW_PUB).hex()
+
+    @classmethod
+    def generate(cls) -> NodeKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_private_hex(cls, hex_str: str) -> NodeKey:
+        return cls(Ed25519PrivateKey.from_private_bytes(_raw_key_from_hex(hex_str, "private key")))
+
+    def private_hex(self) -> str:
+        # A method rather than a property so leaking the secret takes a deliberate call.
+        return self._key.private_bytes(_RAW, _RAW_PRIV, _NO_ENC).hex()
+
+    @property
+    def public_hex(self) -> str:
+        return self._public_hex
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the private hex atomically, readable by the owner only.
+
+        mkstemp creates the temp file 0o600 whatever the umask, so the secret is
+        never briefly world-readable, and a pre-existing file with looser
+        permissions is replaced rather than rewritten in place.
+        """
+        target = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(self.private_hex() + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> NodeKey:
+        try:
+            return cls.from_private_hex(Path(path).read_text(encoding="ascii"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"key file {os.fspath(path)}: {exc}") from None
+
+    def __repr__(self) -> str:
+        # Never show the secret, not even in tracebacks.
+        return f"NodeKey(public={self._public_hex[:16]}...)"
+
+
+class Roster:
+    """The deployment's node ids and their public keys; the only peers whose messages are accepted."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, public_hex_by_id: Mapping[str, str]) -> None:
+        keys: dict[str, Ed25519PublicKey] = {}
+        for node_id, hex_str in public_hex_by_id.items():
+            if not isinstance(node_id, str) or not node_id:
+                raise ValueError(f"roster: node id {quote(node_id)} must be a non-empty string")
+            raw = _raw_key_from_hex(hex_str, f"roster: public key of node {quote(node_id)}")
+            try:
+                keys[node_id] = Ed25519PublicKey.from_public_bytes(raw)
+            except ValueError as exc:
+                raise ValueError(f"roster: public key of node {quote(node_id)}: {exc}") from None
+        self._keys = keys
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def ids(self) -> list[str]:
+        return sorted(self._keys)
+
+    def verify(self, sender: str, signature: bytes, data: bytes) -> None:
+        key = self._keys.get(sender)
+        if key is None:
+            raise UnknownSender(f"sender {quote(sender)} is not in the roster")
+        if len(signature) != SIGNATURE_BYTES:
+            raise BadSignature(f"signature is {len(signature)} bytes, expected {SIGNATURE_BYTES}")
+        try:
+            key.verify(signature, data)
+        except InvalidSignature:
+            raise BadSignature(f"signature does not verify under the roster key of {quote(sender)}") from None

@@ -1,0 +1,62 @@
+"""Node configs (LAN), compare row parsing and the report on a finished run."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pfl.errors import ConfigError
+from p2pfl.report.compare import parse_algorithms
+from p2pfl.runtime.config import load_node_config
+from p2pfl.scenario.launcher import write_lan_configs
+from p2pfl.wire import NodeKey
+
+from .helpers import write_tiny
+
+
+def test_lan_configs_load_and_point_at_each_other(tmp_path):
+    scenario = write_tiny(tmp_path, nodes=3)
+    paths = write_lan_configs(scenario, ["10.0.0.1:9000", "10.0.0.2:9000", "10.0.0.3:9001"], tmp_path / "lan")
+    configs = [load_node_config(p) for p in paths]
+    assert [c.id for c in configs] == ["node-0", "node-1", "node-2"]
+    assert [c.index for c in configs] == [0, 1, 2]
+    assert configs[0].peers["node-2"].url == "http://10.0.0.3:9001"
+    assert configs[0].scenario.resolve() == scenario.resolve()
+    for c in configs:
+        key = NodeKey.load(c.key_file)
+        for other in configs:
+            if other.id != c.id:
+                assert other.peers[c.id].public_key == key.public_hex
+
+
+def test_lan_configs_reject_wrong_host_count(tmp_path):
+    with pytest.raises(ConfigError, match="3 nodes"):
+        write_lan_configs(write_tiny(tmp_path, nodes=3), ["a:1", "b:2"], tmp_path / "lan")
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"id": "n", "index": 0, "port": 1, "key_file": "k", "scenario": "s", "peers": {}, "colour": 1}', "colour"),
+        ('{"id": "n", "index": 0, "port": 1, "key_file": "k", "scenario": "s"}', "peers"),
+        ('{"id": "n", "index": -1, "port": 1, "key_file": "k", "scenario": "s", "peers": {}}', "index"),
+        ('{"id": "n", "index": 0, "port": 1, "key_file": "k", "scenario": "s", '
+         '"peers": {"m": {"url": "ftp://x", "public_key": "00"}}}', "peers.m.url"),
+        ('{"id": "n", "index": 0, "port": 1, "key_file": "k", "scenario": "s", '
+         '"peers": {"m": {"url": "http://x:1", "public_key": "zz"}}}', "peers.m.public_key"),
+    ],
+)
+def test_node_config_errors_name_the_field(tmp_path, text, field):
+    path = tmp_path / "node.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_node_config(path)
+    assert info.value.field == field
+
+
+def test_compare_rows_parse_parameters():
+    rows = parse_algorithms("local,fedc2i[gamma=1,variant=-lambda], pfedsv[variant=D+C]")
+    assert [r.algorithm for r in rows] == ["local", "fedc2i", "pfedsv"]
+    assert rows[1].params == {"gamma": 1, "variant": "-lambda"}
+    assert rows[2].params == {"variant": "D+C"}
+    with pytest.raises(ConfigError):
+        parse_algorithms("fed avg")
