@@ -23,9 +23,12 @@ from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, sce
 
 @dataclass(frozen=True)
 class Row:
+    """One table row: an algorithm, its parameters, and scenario overrides (keys with a dot)."""
+
     label: str
     algorithm: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    overrides: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def slug(self) -> str:
@@ -49,17 +52,21 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def parse_algorithms(text: str) -> list[Row]:
-    """`fedavg,fedc2i[gamma=1,variant=-lambda]` -> rows with their parameters."""
+    """`fedavg,fedc2i[gamma=1,variant=-lambda],pfedsv[privacy.noise_multiplier=1]` -> rows.
+
+    Inside brackets a plain key is an algorithm parameter; a dotted key overrides the
+    scenario for that row (privacy noise, data split, ...).
+    """
     rows = []
     for token in _split_top_level(text):
         match = re.fullmatch(r"([A-Za-z0-9_+-]+)(?:\[(.*)\])?", token)
         if not match:
             raise ConfigError("--algorithms", f"cannot parse {token!r}; expected name or name[key=value,...]")
-        params = {}
+        params, overrides = {}, {}
         for item in _split_top_level(match.group(2) or ""):
             path, value = parse_override(item)
-            params[".".join(path)] = value
-        rows.append(Row(token, match.group(1), params))
+            (overrides if len(path) > 1 else params)[".".join(path)] = value
+        rows.append(Row(token, match.group(1), params, overrides))
     return rows
 
 
@@ -144,7 +151,8 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
             raw = json.loads(json.dumps(base))
             params = dict(raw.get("algorithm", {}).get("params", {})) if row.algorithm == base_algorithm else {}
             raw["algorithm"] = {"name": row.algorithm, "params": params}
-            raw = apply_overrides(raw, [f"algorithm.params.{k}={json.dumps(v)}" for k, v in row.params.items()])
+            raw = apply_overrides(raw, [f"algorithm.params.{k}={json.dumps(v)}" for k, v in row.params.items()]
+                                  + [f"{k}={json.dumps(v)}" for k, v in row.overrides.items()])
             raw["seed"] = seed
             plans.append((row, seed, scenario_from_dict(raw, source=str(scenario_path))))
     out.mkdir(parents=True, exist_ok=True)

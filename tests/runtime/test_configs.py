@@ -54,9 +54,10 @@ def test_node_config_errors_name_the_field(tmp_path, text, field):
 
 
 def test_compare_rows_parse_parameters():
-    rows = parse_algorithms("local,fedc2i[gamma=1,variant=-lambda], pfedsv[variant=D+C]")
+    rows = parse_algorithms("local,fedc2i[gamma=1,variant=-lambda], pfedsv[variant=D+C,privacy.noise_multiplier=2]")
     assert [r.algorithm for r in rows] == ["local", "fedc2i", "pfedsv"]
     assert rows[1].params == {"gamma": 1, "variant": "-lambda"}
     assert rows[2].params == {"variant": "D+C"}
+    assert rows[2].overrides == {"privacy.noise_multiplier": 2}
     with pytest.raises(ConfigError):
         parse_algorithms("fed avg")
