@@ -44,6 +44,7 @@ def free_ports(count: int, host: str) -> list[int]:
 
 def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
     """Keys, resolved scenario and one config per process; returns node config paths and the coordinator's."""
+    out = out.resolve()  # node configs hold absolute paths: their own folder is not the working directory
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("keys", "nodes", "logs", "artefacts"):
         (out / sub).mkdir(exist_ok=True)
