@@ -63,7 +63,7 @@ class Node:
             sc.privacy, n_train=len(self.data.train), batch_size=sc.train.batch_size,
             epochs=sc.train.epochs, rounds=sc.rounds, seed=seed,
         )
-        self.model = prepare_model(model) if self.privacy is not None else model
+        self.model = prepare_model(model, self.privacy) if self.privacy is not None else model
         self.trainer = LocalTrainer(sc.train, device=sc.device, seed=seed, privacy=self.privacy)
         self.strategy = build_strategy(sc.algorithm.name, sc.algorithm.params)
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}

@@ -49,9 +49,19 @@ class FitResult:
 
 class PrivacyMechanism(Protocol):
     def make_private(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, epochs: int
-    ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
-        """Wrap for one fit (DP-SGD); return the inputs unchanged for mechanisms that act on outputs."""
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: DataLoader,
+        epochs: int,
+        regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+    ) -> tuple[nn.Module, torch.optim.Optimizer, Iterable[Any]]:
+        """Wrap for one fit (DP-SGD); return the inputs unchanged for mechanisms that act on outputs.
+
+        A mechanism that wraps the model (returns another module) takes over `regularizer`:
+        DP-SGD replaces the gradient by its noisy clipped per-sample sum, so a term added to
+        the loss would be dropped; the mechanism adds its gradient after clipping and noise.
+        """
         ...
 
     def release(self, wrapped: nn.Module) -> None:
@@ -131,8 +141,11 @@ class LocalTrainer:
         optimizer = self.make_optimizer(selected)
         loader = self.loader(split)
         trained: nn.Module = model
+        loss_regularizer = regularizer
         if self.privacy is not None and epochs > 0:
-            trained, optimizer, loader = self.privacy.make_private(model, optimizer, loader, epochs)
+            trained, optimizer, loader = self.privacy.make_private(model, optimizer, loader, epochs, regularizer)
+            if trained is not model:
+                loss_regularizer = None  # the private optimizer adds its gradient after clipping and noise
         loss_fn = nn.CrossEntropyLoss()
         steps = samples = 0
         last_epoch_loss, last_epoch_n = 0.0, 0
@@ -145,7 +158,7 @@ class LocalTrainer:
                     xb, yb = xb.to(self.device), yb.to(self.device)
                     optimizer.zero_grad(set_to_none=True)
                     loss = loss_fn(trained(xb), yb)
-                    total = loss + regularizer(model) if regularizer is not None else loss
+                    total = loss + loss_regularizer(model) if loss_regularizer is not None else loss
                     total.backward()
                     optimizer.step()
                     steps += 1
