@@ -78,6 +78,8 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _cell(values: Sequence[float], scale: float = 100.0) -> str:
+    if any(v == "inf" for v in values):
+        return "∞"
     m, s = _mean_std(values)
     return "-" if m != m else f"{m * scale:.1f} ({s * scale:.1f})"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import sys
 import time
 import traceback
@@ -180,7 +181,7 @@ class Node:
             "train_steps": fit.steps,
             **self.counter.round_summary(r),
             "wall_s": time.perf_counter() - started,
-            "epsilon": None if self.privacy is None else self.privacy.epsilon(),
+            "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
             "arrived": sorted(m.sender for m in arrived),
             "stale": sorted(m.sender for m in arrived if m.version < r),
             "strategy": dict(self.artefacts.records),
@@ -244,6 +245,13 @@ class Node:
             "rejected": [{"sender": s, "status": c, "reason": r} for s, c, r in self.endpoint.rejected],
             "wall_s": wall_s,
         }
+
+
+def epsilon_for_json(epsilon: float | None) -> float | str | None:
+    """JSON has no infinity; σ = 0 (clipping without noise) gives ε = ∞, written as "inf"."""
+    if epsilon is not None and math.isinf(epsilon):
+        return "inf"
+    return epsilon
 
 
 def _peer_model(message: Message) -> PeerModel:

@@ -51,7 +51,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
     if coordinator is not None:
         total_bytes += coordinator.get("totals", {}).get("bytes_sent", 0)
         total_param += coordinator.get("totals", {}).get("param_bytes_sent", 0)
-    eps = [n.get("final_epsilon") for n in finished if n.get("final_epsilon") is not None]
+    eps = [float(n["final_epsilon"]) for n in finished if n.get("final_epsilon") is not None]
     summary = {
         "mean_acc": mean_acc,
         "std_acc": std_acc,
@@ -60,7 +60,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "total_bytes": total_bytes,
         "total_param_bytes": total_param,
         "wall_s": wall_s,
-        "max_epsilon": max(eps) if eps else None,
+        "max_epsilon": (("inf" if math.isinf(max(eps)) else max(eps)) if eps else None),
         "nodes_ok": sum(1 for n in nodes if n.get("status") == "ok"),
         "nodes_failed": [n["id"] for n in nodes if n.get("status") == "failed" or (n.get("exit_code") not in (0, None))],
     }
@@ -80,6 +80,8 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
+    if value == "inf":
+        return "inf"
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return format(value, spec)
