@@ -164,6 +164,19 @@ def plot_scalar_records(results: Mapping[str, Any], key: str, out: Path, ylabel:
     return _save(fig, out / f"{key}.png")
 
 
+def plot_relevance_scores(scores: Mapping[str, Any], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rounds = [r["round"] for r in scores["per_round"]]
+    for metric in ("precision", "recall", "precision_at_k", "spearman"):
+        ax.plot(rounds, [r[metric] for r in scores["per_round"]], marker="o", label=metric)
+    ax.set_xlabel("round")
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_title(f"{scores['vector']} vs ground truth (mean over nodes)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out / "relevance_scores.png")
+
+
 def plot_epsilon(results: Mapping[str, Any], out: Path) -> Path | None:
     if all(r.get("epsilon") is None for n in results["nodes"] for r in n["rounds"]):
         return None
@@ -194,8 +207,9 @@ def report_run(run_dir: Path) -> list[Path]:
             truth = ("label overlap (ground truth)", label_overlap(results["ground_truth"]))
             paths.append(_heatmaps(artefacts[name], node_ids, f"{name} vectors beside the partition's label overlap",
                                    out / f"{name}.png", extra=truth, cmap="coolwarm"))
-    for key, label in (("lambda_self", "λ self-weight"), ("k", "dynamic k"), ("precision", "relevance precision"),
-                       ("recall", "relevance recall")):
+    if results.get("relevance_scores"):
+        paths.append(plot_relevance_scores(results["relevance_scores"], out))
+    for key, label in (("lambda_self", "λ self-weight"), ("k", "dynamic k")):
         p = plot_scalar_records(results, key, out, label)
         if p is not None:
             paths.append(p)

@@ -22,6 +22,8 @@ from tqdm import tqdm
 from p2pfl.algorithms import strategy_class
 from p2pfl.errors import ConfigError
 from p2pfl.data import build_partition, prepare
+from p2pfl.report import load_artefacts
+from p2pfl.report.relevance import score_run
 from p2pfl.runtime.config import NodeConfig, PeerInfo
 from p2pfl.runtime.node import PROGRESS_PREFIX
 from p2pfl.runtime.strategy import COORDINATOR_ID
@@ -148,6 +150,9 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     wall_s = time.perf_counter() - started
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed)
     results = build_results(scenario, out, codes, wall_s, partition.ground_truth())
+    scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
+    if scores is not None:
+        results["relevance_scores"] = scores
     (out / "results.json").write_text(json.dumps(results, indent=1))
     if not quiet:
         print(format_summary(results))
