@@ -1,0 +1,343 @@
+"""Seeded partitioners and `build_partition` / `prepare`.
+
+Pipeline (all numpy, on indices; tensors are made at the very end):
+
+1. load the *pool* of samples (uint8 images, labels, domain of each sample);
+2. move the held-out domain (if any) to a global held-out test split;
+3. assign the remaining samples to nodes: ``iid`` | ``dirichlet`` | ``pathological`` | ``domain``;
+4. cap every node at ``samples_per_node`` (class-stratified subsample);
+5. split every node stratified by class into train / val / test.
+
+Steps 3-5 use independent random streams spawned from ``seed``, so e.g. changing
+the cap does not change which samples a node was assigned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection
+
+import numpy as np
+import torch
+
+from p2pfl.errors import ConfigError
+
+from . import digits, local
+from .spec import DataSpec, validate_num_nodes
+from .types import NodeData, Partition, Split, split_stats
+
+MAX_DIRICHLET_DRAWS = 1000
+
+
+@dataclass
+class Pool:
+    x: np.ndarray  # uint8 (N, C, H, W)
+    y: np.ndarray  # int64 (N,)
+    d: np.ndarray  # int16 (N,) index into `domains`
+    domains: tuple[str, ...]
+    num_classes: int
+
+
+def load_pool(spec: DataSpec) -> Pool:
+    """All samples the spec uses, built/cached or read from the user's folder."""
+    if spec.dataset == "mnist":
+        x, y = digits.load_mnist()
+        k = 10
+        parts = [(x, y)]
+    elif spec.dataset == "digits":
+        parts = [digits.load_domain(name) for name in spec.resolved_domains()]
+        k = 10
+    elif spec.dataset == "idx":
+        x, y, k = local.load_idx(spec.path)
+        parts = [(x, y)]
+    else:
+        x, y, k = local.load_cifar(spec.path, spec.dataset)
+        parts = [(x, y)]
+    x = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    d = np.concatenate([np.full(len(p[1]), i, np.int16) for i, p in enumerate(parts)])
+    return Pool(x, y, d, spec.resolved_domains(), k)
+
+
+# ---------------------------------------------------------------------------- helpers
+def apportion(counts: np.ndarray, total: int, at_least_one: bool = False) -> np.ndarray:
+    """Split ``total`` over classes proportionally to ``counts`` (largest remainder), never above counts.
+
+    With ``at_least_one`` every non-empty class gets >= 1 when ``total`` allows it.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(min(total, counts.sum()))
+    if total <= 0 or counts.sum() == 0:
+        return np.zeros_like(counts)
+    base = np.zeros_like(counts)
+    if at_least_one and total >= int((counts > 0).sum()):
+        base = (counts > 0).astype(np.int64)
+    rest, room = total - base.sum(), counts - base
+    quota = room * (rest / max(room.sum(), 1))
+    alloc = np.minimum(np.floor(quota).astype(np.int64), room)
+    left = rest - alloc.sum()
+    order = np.argsort(-(quota - alloc), kind="stable")
+    for i in order:
+        if left <= 0:
+            break
+        if alloc[i] < room[i]:
+            alloc[i] += 1
+            left -= 1
+    i = 0
+    while left > 0:  # only if rounding starved: fill any class with room
+        if alloc[i % len(alloc)] < room[i % len(alloc)]:
+            alloc[i % len(alloc)] += 1
+            left -= 1
+        i += 1
+    return base + alloc
+
+
+def _by_class(ids: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> dict[int, np.ndarray]:
+    """Shuffled index arrays per class present in ``ids``."""
+    out = {}
+    for c in np.unique(y[ids]):
+        sel = ids[y[ids] == c]
+        out[int(c)] = rng.permutation(sel)
+    return out
+
+
+# ---------------------------------------------------------------------------- partitioners
+def partition_iid(ids: np.ndarray, num_nodes: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [np.sort(p) for p in np.array_split(rng.permutation(ids), num_nodes)]
+
+
+def partition_dirichlet(
+    ids: np.ndarray, y: np.ndarray, num_nodes: int, alpha: float, min_size: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Per-class Dirichlet(alpha) label skew (Hsu et al. 2019), redrawn until every node has >= min_size.
+
+    As in the reference implementation (FedMA / FedML), a node already holding more than
+    its fair share N/num_nodes gets no more of the current class, which makes ``min_size``
+    reachable even for small alpha.
+    """
+    if num_nodes * min_size > len(ids):
+        raise ConfigError(
+            "data.min_size",
+            f"{num_nodes} nodes x min_size {min_size} exceeds the {len(ids)} available samples",
+        )
+    classes = _by_class(ids, y, rng)
+    fair = len(ids) / num_nodes
+    for _ in range(MAX_DIRICHLET_DRAWS):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_nodes)]
+        sizes = np.zeros(num_nodes, np.int64)
+        for c in rng.permutation(list(classes)):
+            idx_c = rng.permutation(classes[int(c)])
+            p = rng.dirichlet(np.full(num_nodes, alpha))
+            p = p * (sizes < fair)
+            p = p / p.sum() if p.sum() > 0 else np.full(num_nodes, 1.0 / num_nodes)
+            cuts = (np.cumsum(p) * len(idx_c)).astype(np.int64)[:-1]
+            for j, chunk in enumerate(np.split(idx_c, cuts)):
+                parts[j].append(chunk)
+                sizes[j] += len(chunk)
+        if sizes.min() >= min_size:
+            return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+    raise ConfigError(
+        "data.min_size",
+        f"no Dirichlet(alpha={alpha}) draw in {MAX_DIRICHLET_DRAWS} gave every one of {num_nodes} nodes "
+        f">= {min_size} samples; lower min_size, raise alpha or use fewer nodes",
+    )
+
+
+def partition_pathological(
+    ids: np.ndarray, y: np.ndarray, num_nodes: int, m: int, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[list[int]]]:
+    """Each node gets exactly ``m`` classes; classes are dealt round-robin over a random class order
+    (so every class is held by floor or ceil(num_nodes*m/K) nodes) and each class's samples are
+    cut into equal shards among its holders. Returns the parts and the class assignment."""
+    classes = _by_class(ids, y, rng)
+    present = np.array(sorted(classes))
+    k = len(present)
+    if m > k:
+        raise ConfigError("data.classes_per_node", f"the data has {k} classes; classes_per_node must be <= {k}, got {m}")
+    if num_nodes * m < k:
+        raise ConfigError(
+            "data.classes_per_node",
+            f"{num_nodes} nodes x {m} classes cannot cover all {k} classes; need nodes * classes_per_node >= {k}",
+        )
+    order = rng.permutation(present)
+    assigned = [sorted(int(order[(i * m + j) % k]) for j in range(m)) for i in range(num_nodes)]
+    holders: dict[int, list[int]] = {int(c): [] for c in present}
+    for i, cs in enumerate(assigned):
+        for c in cs:
+            holders[c].append(i)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_nodes)]
+    for c, hs in holders.items():
+        if len(classes[c]) < len(hs):
+            raise ConfigError(
+                "data.classes_per_node",
+                f"class {c} has {len(classes[c])} samples but {len(hs)} nodes would share it; use fewer nodes or classes",
+            )
+        for node, shard in zip(hs, np.array_split(classes[c], len(hs))):
+            parts[node].append(shard)
+    return [np.sort(np.concatenate(p)) for p in parts], assigned
+
+
+def partition_domain(
+    ids: np.ndarray, dom: np.ndarray, domain_order: list[int], per_domain: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Node ``i*per_domain + j`` gets the j-th iid share of domain ``domain_order[i]``."""
+    parts = []
+    for di in domain_order:
+        sel = ids[dom[ids] == di]
+        parts.extend(np.sort(p) for p in np.array_split(rng.permutation(sel), per_domain))
+    return parts
+
+
+def cap(ids: np.ndarray, y: np.ndarray, limit: int | None, rng: np.random.Generator) -> np.ndarray:
+    """Class-stratified subsample of ``ids`` down to ``limit`` (every class kept while limit allows)."""
+    if limit is None or len(ids) <= limit:
+        return ids
+    classes = _by_class(ids, y, rng)
+    keys = sorted(classes)
+    alloc = apportion(np.array([len(classes[c]) for c in keys]), limit, at_least_one=True)
+    return np.sort(np.concatenate([classes[c][:a] for c, a in zip(keys, alloc)]))
+
+
+def split_node(
+    ids: np.ndarray, y: np.ndarray, val_fraction: float, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stratified train / val / test of one node's samples (exact totals; val/test non-empty when n >= 3)."""
+    n = len(ids)
+    n_test, n_val = int(round(n * test_fraction)), int(round(n * val_fraction))
+    if n >= 3:
+        n_test = max(n_test, 1) if test_fraction > 0 else 0
+        n_val = max(n_val, 1) if val_fraction > 0 else 0
+    while n_test + n_val >= n and n > 0 and (n_test or n_val):  # keep >= 1 training sample
+        if n_val >= n_test and n_val > 0:
+            n_val -= 1
+        else:
+            n_test -= 1
+    classes = _by_class(ids, y, rng)
+    keys = sorted(classes)
+    counts = np.array([len(classes[c]) for c in keys], np.int64)
+    t_alloc = apportion(counts, n_test)
+    v_alloc = apportion(counts - t_alloc, n_val)
+    tr, va, te = [], [], []
+    for c, t, v in zip(keys, t_alloc, v_alloc):
+        s = classes[c]
+        te.append(s[:t])
+        va.append(s[t : t + v])
+        tr.append(s[t + v :])
+
+    def cat(xs: list[np.ndarray]) -> np.ndarray:
+        return rng.permutation(np.concatenate(xs)) if xs else np.zeros(0, np.int64)
+
+    return cat(tr), cat(va), cat(te)
+
+
+# ---------------------------------------------------------------------------- entry points
+def _split(pool: Pool, ids: np.ndarray) -> Split:
+    x = torch.from_numpy(np.ascontiguousarray(pool.x[ids])).to(torch.float32).div_(255.0)
+    return Split(x=x, y=torch.from_numpy(pool.y[ids].astype(np.int64)))
+
+
+def assign(spec: DataSpec, pool: Pool, num_nodes: int, seed: int) -> dict:
+    """Index-level partition: ``{"nodes": [(train, val, test), ...], "raw": [...], "held_out": ids|None, "assigned": ...}``.
+
+    ``raw`` are the node index sets before the cap (disjoint, covering all non-held-out samples
+    for iid / dirichlet / pathological).
+    """
+    spec.validate()
+    validate_num_nodes(spec, num_nodes)
+    r_assign, r_cap, r_split = (np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(3))
+    all_ids = np.arange(len(pool.y), dtype=np.int64)
+    held = None
+    if spec.held_out_domain is not None:
+        hd = pool.domains.index(spec.held_out_domain)
+        held = all_ids[pool.d == hd]
+        all_ids = all_ids[pool.d != hd]
+    if num_nodes > len(all_ids):
+        raise ConfigError("nodes", f"{num_nodes} nodes but only {len(all_ids)} samples")
+    assigned = None
+    if spec.partition == "iid":
+        raw = partition_iid(all_ids, num_nodes, r_assign)
+    elif spec.partition == "dirichlet":
+        raw = partition_dirichlet(all_ids, pool.y, num_nodes, spec.alpha, spec.min_size, r_assign)
+    elif spec.partition == "pathological":
+        raw, assigned = partition_pathological(all_ids, pool.y, num_nodes, spec.classes_per_node, r_assign)
+    else:
+        order = [pool.domains.index(d) for d in spec.node_domains()]
+        raw = partition_domain(all_ids, pool.d, order, spec.nodes_per_domain, r_assign)
+    capped = [cap(ids, pool.y, spec.samples_per_node, r_cap) for ids in raw]
+    splits = [split_node(ids, pool.y, spec.val_fraction, spec.test_fraction, r_split) for ids in capped]
+    return {"nodes": splits, "raw": raw, "held_out": held, "assigned": assigned}
+
+
+def node_ground_truth(spec: DataSpec, pool: Pool, a: dict) -> list[dict]:
+    """Ground-truth entry of every node, from the index-level partition (no image tensors needed)."""
+    multi = spec.dataset == "digits"
+    out = []
+    for i, (tr, va, te) in enumerate(a["nodes"]):
+        all_ids = np.concatenate([tr, va, te])
+        doms = np.unique(pool.d[all_ids])
+        domain = pool.domains[int(doms[0])] if multi and len(doms) == 1 else None
+        ys = [Split(torch.empty(0), torch.from_numpy(pool.y[s])) for s in (tr, va, te)]
+        stats = split_stats(i, domain, *ys, pool.num_classes)
+        if multi:
+            cnt = np.bincount(pool.d[all_ids], minlength=len(pool.domains))
+            stats["domain_counts"] = {name: int(c) for name, c in zip(pool.domains, cnt)}
+        if a["assigned"] is not None:
+            stats["assigned_classes"] = a["assigned"][i]
+        out.append(stats)
+    return out
+
+
+def build_partition(
+    spec: DataSpec, num_nodes: int, seed: int, *, only: Collection[int] | None = None
+) -> Partition:
+    """Deterministic partition of ``spec``'s data over ``num_nodes`` nodes.
+
+    Every node process may call this and take its own node: the result depends only on
+    ``(spec, num_nodes, seed)`` (and, for digits, on the cached build). ``only`` (optional)
+    materialises the tensors of just those node indices - ``Partition.nodes`` then holds
+    only them, while ``ground_truth()`` still covers every node - so that a node process
+    does not hold everybody's images in memory.
+    """
+    spec.validate()
+    validate_num_nodes(spec, num_nodes)
+    if only is not None:
+        only = sorted(set(int(i) for i in only))
+        bad = [i for i in only if not 0 <= i < num_nodes]
+        if bad:
+            raise ConfigError("nodes", f"node indices {bad} are outside 0..{num_nodes - 1}")
+    pool = load_pool(spec)
+    a = assign(spec, pool, num_nodes, seed)
+    node_meta = node_ground_truth(spec, pool, a)
+    nodes = [
+        NodeData(i, _split(pool, tr), _split(pool, va), _split(pool, te), node_meta[i]["domain"])
+        for i, (tr, va, te) in enumerate(a["nodes"])
+        if only is None or i in only
+    ]
+    held_out = _split(pool, a["held_out"]) if a["held_out"] is not None else None
+    meta = {
+        "dataset": spec.dataset,
+        "partition": spec.partition,
+        "seed": int(seed),
+        "num_nodes": int(num_nodes),
+        "domains": list(spec.node_domains()) if spec.dataset == "digits" else [spec.dataset],
+    }
+    if spec.partition == "dirichlet":
+        meta["alpha"] = float(spec.alpha)
+    if spec.partition == "pathological":
+        meta["classes_per_node"] = int(spec.classes_per_node)
+    return Partition(
+        nodes=nodes,
+        num_classes=pool.num_classes,
+        in_channels=int(pool.x.shape[1]),
+        image_size=int(pool.x.shape[2]),
+        held_out=held_out,
+        held_out_domain=spec.held_out_domain,
+        meta=meta,
+        node_meta=node_meta,
+    )
+
+
+def prepare(spec: DataSpec) -> None:
+    """Build and cache everything ``spec`` needs (or check the user's files); call once before spawning nodes."""
+    spec.validate()
+    load_pool(spec)
