@@ -21,7 +21,6 @@ train/val/test split.
 from __future__ import annotations
 
 import gzip
-import io
 import pickle
 from pathlib import Path
 
@@ -95,6 +94,9 @@ def load_idx(path: str | Path | None) -> tuple[np.ndarray, np.ndarray, int]:
         x, y = read_idx(fi), read_idx(fl)
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
             raise ConfigError(FIELD, f"{fi.name} {x.shape} and {fl.name} {y.shape} do not match (want (N, H, W) images and N labels)")
+        if x.shape[1] != x.shape[2] or (xs and xs[0].shape[2:] != x.shape[1:]):
+            # the models are built for square images of one size (Partition.image_size)
+            raise ConfigError(FIELD, f"{fi.name} holds {x.shape[1]}x{x.shape[2]} images; idx needs square images of one size")
         if x.dtype != np.uint8:
             x = np.clip(x, 0, 255).astype(np.uint8)
         xs.append(x[:, None])
@@ -132,7 +134,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 def _unpickle(path: Path) -> dict:
     try:
         with open(path, "rb") as fh:
-            obj = _RestrictedUnpickler(io.BufferedReader(fh), encoding="bytes").load()
+            obj = _RestrictedUnpickler(fh, encoding="bytes").load()
     except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError) as e:
         raise ConfigError(FIELD, f"cannot read CIFAR batch {str(path)!r}: {e}") from None
     if not isinstance(obj, dict):
