@@ -50,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     lan.add_argument("--coordinator", default=None, help="host:port of the coordinator, for DI/GA")
     lan.add_argument("--out", type=Path, required=True)
 
-    rep = sub.add_parser("report", help="plots from a run folder or a compare folder")
-    rep.add_argument("folder", type=Path)
+    rep = sub.add_parser("report", help="plots and tables from run folders or compare folders")
+    rep.add_argument("folders", type=Path, nargs="+",
+                     help="run or compare folders; several compare folders (one per held-out domain) also "
+                          "give a held-out table across them")
+    rep.add_argument("--out", type=Path, default=None,
+                     help="where the cross-folder table goes (default: the first folder's parent)")
 
     data = sub.add_parser("data", help="inspect data and partitions")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -68,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except ConfigError as exc:
         print(f"error in {exc.field}: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
 
@@ -101,10 +108,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"p2pfl {'coordinator' if path.stem == 'coordinator' else 'node'} {path}")
         return 0
     if args.command == "report":
-        from p2pfl.report import make_report
+        from p2pfl.report import make_report, report_held_out
 
-        for path in make_report(args.folder):
-            print(path)
+        for folder in args.folders:
+            for path in make_report(folder):
+                print(path)
+        if len(args.folders) > 1:
+            print(report_held_out(args.folders, args.out or args.folders[0].parent))
         return 0
     if args.command == "data":
         from p2pfl.data import show

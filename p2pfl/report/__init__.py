@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from p2pfl.report.tables import held_out_table, write_compare_tables  # noqa: E402
+
 
 def load_artefacts(run_dir: Path) -> dict[str, dict[str, dict[int, Any]]]:
     """name -> node -> round -> value, from `artefacts/*.jsonl`."""
@@ -257,7 +259,15 @@ def report_compare(folder: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "communication.png"))
-    return paths
+    return paths + write_compare_tables(folder, out)
+
+
+def report_held_out(folders: list[Path], out: Path) -> Path:
+    """`held_out.md` across compare folders that differ in `data.held_out_domain`."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "held_out.md"
+    path.write_text(held_out_table([Path(f) for f in folders]) + "\n")
+    return path
 
 
 def _slug(label: str) -> str:

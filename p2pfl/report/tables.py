@@ -1,0 +1,136 @@
+"""Markdown tables across the runs of a compare folder, or across several compare folders.
+
+`p2pfl report` writes these next to its plots so that README numbers are copied from files
+that a command produced, never typed in:
+
+* `relevance.md`: how well each relevance-keeping row (pFedSV, FedFomo) recovers the
+  partition's ground truth, per round, mean (std) over seeds;
+* `communication.md`: parameter bytes downloaded per round and in total, and the mean
+  dynamic k per round, per row;
+* `held_out.md` (several compare folders, one per held-out domain): the global model's
+  accuracy on each held-out domain per row, and the average over domains.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+RELEVANCE_METRICS = ("precision", "recall", "precision_at_k", "spearman")
+
+
+def _row_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """Row label -> results.json of each seed, in the order compare.json lists the rows."""
+    from p2pfl.report.compare import Row
+
+    labels = list(json.loads((folder / "compare.json").read_text())["rows"])
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for label in labels:
+        paths = sorted((folder / Row(label, label).slug).glob("seed*/results.json"))
+        runs[label] = [json.loads(p.read_text()) for p in paths]
+    return runs
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and v == v]
+
+
+def mean_std(values: Iterable[Any], scale: float = 1.0, digits: int = 2) -> str:
+    """`mean (std)` over the finite values, population std; `-` when there are none."""
+    vals = [v * scale for v in _finite(values)]
+    if not vals:
+        return "-"
+    std = statistics.pstdev(vals) if len(vals) > 1 else 0.0
+    return f"{statistics.fmean(vals):.{digits}f} ({std:.{digits}f})"
+
+
+def _markdown(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def relevance_table(runs: Mapping[str, list[dict[str, Any]]]) -> str | None:
+    """Per row and round: precision, recall, precision@k and Spearman ρ of the relevance vector."""
+    body = []
+    for label, results in runs.items():
+        scored = [r["relevance_scores"] for r in results if r.get("relevance_scores")]
+        if not scored:
+            continue
+        by_round: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for scores in scored:
+            for entry in scores["per_round"]:
+                for metric in RELEVANCE_METRICS:
+                    by_round[entry["round"]][metric].append(entry.get(metric))
+        for round_ in sorted(by_round):
+            body.append([label, str(round_)] + [mean_std(by_round[round_][m]) for m in RELEVANCE_METRICS])
+    if not body:
+        return None
+    return _markdown(["row", "round", *RELEVANCE_METRICS], body)
+
+
+def communication_table(runs: Mapping[str, list[dict[str, Any]]]) -> str:
+    """Parameter MiB downloaded by all nodes per round and in total, and the mean dynamic k per round."""
+    rounds = sorted({r["round"] for results in runs.values() for res in results for n in res["nodes"] for r in n["rounds"]})
+    head = ["row", "total param MiB", *[f"r{r} MiB" for r in rounds], "mean k per round"]
+    body = []
+    for label, results in runs.items():
+        per_round: dict[int, list[float]] = defaultdict(list)
+        k_by_round: dict[int, list[float]] = defaultdict(list)
+        totals = []
+        for res in results:
+            received: dict[int, float] = defaultdict(float)
+            for n in res["nodes"]:
+                for r in n["rounds"]:
+                    received[r["round"]] += r["param_bytes_received"] / 2**20
+                    k = r.get("strategy", {}).get("k")
+                    if isinstance(k, (int, float)):
+                        k_by_round[r["round"]].append(k)
+            for round_, mib in received.items():
+                per_round[round_].append(mib)
+            totals.append(sum(received.values()))
+        ks = " ".join(f"{statistics.fmean(k_by_round[r]):.1f}" for r in rounds if k_by_round.get(r)) or "-"
+        body.append([label, mean_std(totals, digits=1), *[mean_std(per_round.get(r, []), digits=1) for r in rounds], ks])
+    return _markdown(head, body)
+
+
+def held_out_table(folders: Sequence[Path]) -> str:
+    """Rows × held-out domains: final held-out accuracy of the global model, % mean (std) over seeds."""
+    columns: list[str] = []
+    cells: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    best: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    for folder in folders:
+        runs = _row_runs(folder)
+        domain = None
+        for label, results in runs.items():
+            for res in results:
+                domain = res["scenario"]["data"].get("held_out_domain") or domain
+            cells[label][domain or folder.name] = [res["summary"].get("held_out_acc") for res in results]
+            best[label][domain or folder.name] = [res["summary"].get("held_out_acc_best") for res in results]
+        columns.append(domain or folder.name)
+    body = []
+    for label in cells:
+        per_domain = [mean_std(cells[label].get(c, []), scale=100, digits=1) for c in columns]
+        # The average over domains is taken per seed first, so its std is across seeds.
+        n_seeds = min(len(cells[label].get(c, [])) for c in columns)
+        avg_per_seed = [statistics.fmean(_finite(cells[label][c][s] for c in columns)) for s in range(n_seeds)]
+        best_per_seed = [statistics.fmean(_finite(best[label][c][s] for c in columns)) for s in range(n_seeds)]
+        body.append([label, *per_domain, mean_std(avg_per_seed, scale=100, digits=1),
+                     mean_std(best_per_seed, scale=100, digits=1)])
+    return _markdown(["row", *columns, "avg (final round)", "avg (best round)"], body)
+
+
+def write_compare_tables(folder: Path, out: Path) -> list[Path]:
+    runs = _row_runs(folder)
+    paths = []
+    relevance = relevance_table(runs)
+    if relevance is not None:
+        (out / "relevance.md").write_text(relevance + "\n")
+        paths.append(out / "relevance.md")
+    (out / "communication.md").write_text(communication_table(runs) + "\n")
+    paths.append(out / "communication.md")
+    return paths

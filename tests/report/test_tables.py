@@ -1,0 +1,79 @@
+"""Tables that README numbers are copied from: built from small hand-made compare folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from p2pfl.cli import main
+from p2pfl.report.tables import communication_table, held_out_table, mean_std, relevance_table
+
+
+def _results(seed: int, held_out: str | None, acc: float, k: list[int], received: list[int]) -> dict:
+    rounds = [
+        {"round": i + 1, "test_acc": acc, "test_acc_aggregated": acc, "param_bytes_received": b,
+         "strategy": {"k": kk}}
+        for i, (kk, b) in enumerate(zip(k, received))
+    ]
+    return {
+        "scenario": {"seed": seed, "data": {"held_out_domain": held_out}},
+        "nodes": [{"id": "node-0", "rounds": rounds, "final_test_acc": acc}],
+        "summary": {"mean_acc": acc, "mean_acc_aggregated": acc, "total_bytes": sum(received),
+                    "wall_s": 1.0, "held_out_acc": acc, "held_out_acc_best": acc + 0.1},
+        "relevance_scores": {"per_round": [
+            {"round": 1, "precision": 0.5 + 0.1 * seed, "recall": 1.0, "precision_at_k": 0.5, "spearman": 0.0}
+        ]},
+    }
+
+
+def _compare_folder(root: Path, name: str, held_out: str | None, accs: dict[str, list[float]]) -> Path:
+    folder = root / name
+    for label, per_seed in accs.items():
+        for seed, acc in enumerate(per_seed):
+            run = folder / label / f"seed{seed}"
+            run.mkdir(parents=True)
+            (run / "results.json").write_text(json.dumps(
+                _results(seed, held_out, acc, k=[3, 2], received=[2**20, 3 * 2**20])))
+    (folder / "compare.json").write_text(json.dumps({"rows": {label: [] for label in accs}}))
+    return folder
+
+
+def test_mean_std_skips_missing_values() -> None:
+    assert mean_std([0.5, None, float("nan"), 0.7], scale=100, digits=1) == "60.0 (10.0)"
+    assert mean_std([None]) == "-"
+
+
+def test_relevance_and_communication_tables_average_over_seeds(tmp_path: Path) -> None:
+    from p2pfl.report.tables import _row_runs
+
+    folder = _compare_folder(tmp_path, "cmp", None, {"pfedsv": [0.9, 0.8]})
+    runs = _row_runs(folder)
+    relevance = relevance_table(runs)
+    assert relevance is not None
+    # precision 0.5 and 0.6 over the two seeds
+    assert "| pfedsv | 1 | 0.55 (0.05) | 1.00 (0.00) | 0.50 (0.00) | 0.00 (0.00) |" in relevance
+    comm = communication_table(runs)
+    assert "| pfedsv | 4.0 (0.0) | 1.0 (0.0) | 3.0 (0.0) | 3.0 2.0 |" in comm
+
+
+def test_held_out_table_has_one_column_per_domain_and_a_per_seed_average(tmp_path: Path) -> None:
+    a = _compare_folder(tmp_path, "di_a", "mnist", {"di": [0.5, 0.7], "ga": [0.4, 0.4]})
+    b = _compare_folder(tmp_path, "di_b", "usps", {"di": [0.7, 0.9], "ga": [0.6, 0.6]})
+    table = held_out_table([a, b])
+    assert table.splitlines()[0] == "| row | mnist | usps | avg (final round) | avg (best round) |"
+    # di: per-seed averages 0.6 and 0.8 -> 70.0 (10.0); best is +0.1 everywhere
+    assert "| di | 60.0 (10.0) | 80.0 (10.0) | 70.0 (10.0) | 80.0 (10.0) |" in table
+    assert "| ga | 40.0 (0.0) | 60.0 (0.0) | 50.0 (0.0) | 60.0 (0.0) |" in table
+
+
+def test_report_command_writes_the_cross_folder_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from p2pfl.report import report_held_out
+
+    a = _compare_folder(tmp_path, "di_a", "mnist", {"di": [0.5]})
+    b = _compare_folder(tmp_path, "di_b", "usps", {"di": [0.7]})
+    path = report_held_out([a, b], tmp_path / "tables")
+    assert path.read_text().startswith("| row | mnist | usps |")
+    assert main(["report", str(tmp_path / "nothing-here")]) == 2
+    assert "nothing-here" in capsys.readouterr().err
