@@ -1,0 +1,197 @@
+"""FedProx and FedRep driven in-process, without a network."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from p2pfl.algorithms import build_strategy
+from p2pfl.algorithms.fedavg import FedAvg
+from p2pfl.algorithms.fedprox import FedProx, proximal_term
+from p2pfl.algorithms.fedrep import FedRep
+from p2pfl.data import NodeData, Split
+from p2pfl.errors import ConfigError
+from p2pfl.models import SplitModel, cnn, part_state
+from p2pfl.runtime.strategy import ArtefactSink, Fetch, PeerModel, RoundContext
+from p2pfl.training import FitResult, LocalTrainer, TrainConfig
+
+CLASSES = 3
+
+
+def make_split(n: int, seed: int) -> Split:
+    g = torch.Generator().manual_seed(seed)
+    protos = torch.randn(CLASSES, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.randint(CLASSES, (n,), generator=g)
+    return Split(protos[y] + 0.8 * torch.randn(n, 1, 8, 8, generator=g), y)
+
+
+def make_data(seed: int = 0) -> NodeData:
+    return NodeData(0, make_split(32, seed), make_split(10, seed + 1), make_split(10, seed + 2), None)
+
+
+class RecordingTrainer(LocalTrainer):
+    """A LocalTrainer that remembers each fit's trained parameters, regularizer and states before/after."""
+
+    def __init__(self) -> None:
+        super().__init__(TrainConfig(epochs=2, batch_size=16, lr=1e-2), seed=0)
+        self.calls: list[dict[str, Any]] = []
+
+    def fit(self, model, split, *, epochs=None, params=None, regularizer=None) -> FitResult:
+        params = None if params is None else list(params)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        result = super().fit(model, split, epochs=epochs, params=params, regularizer=regularizer)
+        self.calls.append({
+            "params": None if params is None else {id(p) for p in params}, "epochs": epochs,
+            "regularizer": regularizer, "before": before,
+            "after": {k: v.clone() for k, v in model.state_dict().items()}, "result": result,
+        })
+        return result
+
+
+def context(model: SplitModel, trainer: LocalTrainer | None = None, peers=("p1", "p2")) -> RoundContext:
+    return RoundContext(
+        node_id="me", round=1, rounds=3, peers=tuple(peers), model=model, data=make_data(),
+        trainer=trainer or RecordingTrainer(), rng=np.random.default_rng(0),
+        artefacts=ArtefactSink("me", None), log=lambda _: None,
+    )
+
+
+def perturbed(model: SplitModel, seed: int, scale: float = 0.1) -> SplitModel:
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return out
+
+
+def peer(sender: str, model: SplitModel, part: str, n_train: int) -> PeerModel:
+    return PeerModel(sender, part, 1, 1, {k: v.clone() for k, v in part_state(model, part).items()}, {"n_train": n_train})
+
+
+def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], prefix: str) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a if k.startswith(prefix))
+
+
+# ---- FedProx ---------------------------------------------------------------------------------
+def test_proximal_gradient_is_mu_times_the_distance_to_the_round_start():
+    torch.manual_seed(0)
+    start = cnn(1, 8, CLASSES)
+    model = perturbed(start, 1)
+    mu = 0.37
+    reg = proximal_term(mu, start.state_dict())
+    value = reg(model)
+    value.backward()
+    expected_value = 0.5 * mu * sum(float((p.detach() - start.state_dict()[n]).pow(2).sum()) for n, p in model.named_parameters())
+    assert float(value.detach()) == pytest.approx(expected_value, rel=1e-5)
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, mu * (p.detach() - start.state_dict()[name]), atol=1e-7), name
+
+
+def test_fedprox_fit_anchors_on_ctx_round_start():
+    torch.manual_seed(0)
+    start = cnn(1, 8, CLASSES)
+    model = perturbed(start, 1)  # the model drifted since the round began: the anchor is the start
+    trainer = RecordingTrainer()
+    ctx = context(model, trainer)
+    ctx.round_start = {k: v.clone() for k, v in start.state_dict().items()}
+    FedProx(mu=0.5).fit(ctx)
+    reg = trainer.calls[0]["regularizer"]
+    probe = perturbed(start, 2)
+    reg(probe).backward()
+    for name, p in probe.named_parameters():
+        assert torch.allclose(p.grad, 0.5 * (p.detach() - start.state_dict()[name]), atol=1e-7)
+    # Without a round start (a hand-built context) the model at fit time is the anchor.
+    trainer2 = RecordingTrainer()
+    ctx2 = context(copy.deepcopy(start), trainer2)
+    FedProx(mu=0.5).fit(ctx2)
+    assert float(trainer2.calls[0]["regularizer"](start).detach()) == 0.0
+
+
+def test_fedprox_pulls_towards_the_start_and_mu_zero_is_fedavg():
+    torch.manual_seed(0)
+    start = cnn(1, 8, CLASSES)
+
+    def drift(mu: float) -> float:
+        model = copy.deepcopy(start)
+        ctx = context(model, RecordingTrainer())
+        ctx.round_start = {k: v.clone() for k, v in start.state_dict().items()}
+        FedProx(mu=mu).fit(ctx)
+        return sum(float((p.detach() - start.state_dict()[n]).pow(2).sum()) for n, p in model.named_parameters())
+
+    assert drift(100.0) < 0.5 * drift(0.0)
+    trainer = RecordingTrainer()
+    FedProx(mu=0.0).fit(context(copy.deepcopy(start), trainer))
+    assert trainer.calls[0]["regularizer"] is None
+
+
+def test_fedprox_aggregates_like_fedavg():
+    torch.manual_seed(0)
+    base = cnn(1, 8, CLASSES)
+    peers = [perturbed(base, s) for s in (1, 2)]
+    arrived = [peer("p1", peers[0], "full", 10), peer("p2", peers[1], "full", 90)]
+    a, b = context(copy.deepcopy(base)), context(copy.deepcopy(base))
+    FedProx().aggregate(a, arrived)
+    FedAvg().aggregate(b, arrived)
+    for k, v in b.model.state_dict().items():
+        assert torch.equal(a.model.state_dict()[k], v)
+    assert FedProx.shared_parts == ("full",)
+    assert FedProx().configure_fetch(a) == [Fetch("p1", "full"), Fetch("p2", "full")]
+
+
+def test_fedprox_parameters():
+    assert build_strategy("fedprox").mu == 0.01
+    assert build_strategy("fedprox", {"mu": 0.1}).mu == 0.1
+    with pytest.raises(ConfigError, match="-1"):
+        build_strategy("fedprox", {"mu": -1})
+
+
+# ---- FedRep ----------------------------------------------------------------------------------
+def test_fedrep_trains_the_head_then_the_body_with_the_other_frozen():
+    torch.manual_seed(0)
+    model = cnn(1, 8, CLASSES)
+    trainer = RecordingTrainer()
+    result = FedRep(head_epochs=1).fit(context(model, trainer))
+    head_phase, body_phase = trainer.calls
+    assert head_phase["params"] == {id(p) for p in model.head.parameters()} and head_phase["epochs"] == 1
+    assert changed(head_phase["before"], head_phase["after"], "head.")
+    assert not changed(head_phase["before"], head_phase["after"], "body.")
+    assert body_phase["params"] == {id(p) for p in model.body.parameters()} and body_phase["epochs"] is None
+    assert changed(body_phase["before"], body_phase["after"], "body.")
+    assert not changed(body_phase["before"], body_phase["after"], "head.")
+    assert result.steps == head_phase["result"].steps + body_phase["result"].steps
+    assert result.loss == body_phase["result"].loss
+    # Every parameter is trainable again after the round.
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_fedrep_shares_and_fetches_only_the_body_and_keeps_the_head_personal():
+    torch.manual_seed(0)
+    base = cnn(1, 8, CLASSES)
+    own = copy.deepcopy(base)
+    peers = [perturbed(base, s) for s in (1, 2)]
+    ctx = context(own)
+    strategy = FedRep()
+    assert strategy.shared_parts == ("body",)
+    assert strategy.configure_fetch(ctx) == [Fetch("p1", "body"), Fetch("p2", "body")]
+    head_before = {k: v.clone() for k, v in part_state(own, "head").items()}
+    counts = [len(ctx.data.train), 10, 90]
+    strategy.aggregate(ctx, [peer("p1", peers[0], "body", 10), peer("p2", peers[1], "body", 90)])
+    for k, v in head_before.items():
+        assert torch.equal(part_state(own, "head")[k], v)
+    states = [part_state(m, "body") for m in (base, *peers)]
+    for k in states[0]:
+        expected = sum(c * s[k].double() for c, s in zip(counts, states)) / sum(counts)
+        assert torch.allclose(part_state(own, "body")[k].double(), expected, atol=1e-6)
+    assert ctx.artefacts.records["aggregated_from"] == ["p1", "p2"]
+
+
+def test_fedrep_parameters():
+    strategy = build_strategy("fedrep", {"head_epochs": 3, "body_epochs": 2})
+    assert (strategy.head_epochs, strategy.body_epochs) == (3, 2)
+    with pytest.raises(ConfigError, match="-1"):
+        build_strategy("fedrep", {"head_epochs": -1})
