@@ -21,6 +21,18 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
     }
 
 
+def average_part_by_count(ctx: RoundContext, part: str, members: list[PeerModel]) -> None:
+    """Load into `ctx.model` the sample-count-weighted mean of its own `part` and `members`' (one per peer).
+
+    Shared by FedRep and FedC2I's Λ/g variant; a no-op when no member arrived.
+    """
+    if not members:
+        return
+    states = [part_state(ctx.model, part)] + [m.tensors for m in members]
+    counts = [float(len(ctx.data.train))] + [float(m.n_train) for m in members]
+    load_part(ctx.model, weighted_average(states, counts))
+
+
 @register
 class FedAvg(Strategy):
     name = "fedavg"
@@ -30,7 +42,5 @@ class FedAvg(Strategy):
         return [Fetch(peer, "full") for peer in ctx.peers]
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
-        states = [part_state(ctx.model, "full")] + [m.tensors for m in arrived]
-        weights = [float(len(ctx.data.train))] + [float(m.n_train) for m in arrived]
-        load_part(ctx.model, weighted_average(states, weights))
+        average_part_by_count(ctx, "full", arrived)
         ctx.artefacts.record("aggregated_from", [m.sender for m in arrived])

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from p2pfl.algorithms import register
-from p2pfl.algorithms.fedrep import average_part_by_count
+from p2pfl.algorithms.fedavg import average_part_by_count
 from p2pfl.algorithms.pfedsv import latest_parts
 from p2pfl.core.influence import (
     Influence, InfluenceError, class_influence, client_influence, combine_heads, combine_states, eval_features,

@@ -12,23 +12,10 @@ Under DP-SGD each phase is a fit of its own, so the accountant counts both passe
 from __future__ import annotations
 
 from p2pfl.algorithms import register
-from p2pfl.algorithms.fedavg import weighted_average
+from p2pfl.algorithms.fedavg import average_part_by_count
 from p2pfl.algorithms.pfedsv import latest_parts
-from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
 from p2pfl.training import FitResult
-
-
-def average_part_by_count(ctx: RoundContext, part: str, members: list[PeerModel]) -> None:
-    """Load into `ctx.model` the sample-count-weighted mean of its own `part` and `members`' (one per peer).
-
-    Shared by FedRep and FedC2I's Λ/g variant; a no-op when no member arrived.
-    """
-    if not members:
-        return
-    states = [part_state(ctx.model, part)] + [m.tensors for m in members]
-    counts = [float(len(ctx.data.train))] + [float(m.n_train) for m in members]
-    load_part(ctx.model, weighted_average(states, counts))
 
 
 @register
