@@ -5,6 +5,8 @@ that a command produced, never typed in:
 
 * `relevance.md`: how well each relevance-keeping row (pFedSV, FedFomo) recovers the
   partition's ground truth, per round, mean (std) over seeds;
+* `lambda_self.md`, `self_weight.md`: the weight a node gives its own model, per round
+  (FedC2I's λ self-weight; pFedSV's and FedFomo's own weight);
 * `communication.md`: parameter bytes downloaded per round and in total, and the mean
   dynamic k per round, per row;
 * `held_out.md` (several compare folders, one per held-out domain): the global model's
@@ -98,6 +100,28 @@ def communication_table(runs: Mapping[str, list[dict[str, Any]]]) -> str:
     return _markdown(head, body)
 
 
+def record_table(runs: Mapping[str, list[dict[str, Any]]], key: str) -> str | None:
+    """Per row and round: a strategy's per-round record `key` (e.g. FedC2I's `lambda_self`),
+    mean over nodes, then mean (std) over seeds; None when no row records it."""
+    rounds = sorted({r["round"] for results in runs.values() for res in results for n in res["nodes"] for r in n["rounds"]})
+    body = []
+    for label, results in runs.items():
+        per_round: dict[int, list[float]] = defaultdict(list)
+        for res in results:
+            by_round: dict[int, list[float]] = defaultdict(list)
+            for n in res["nodes"]:
+                for r in n["rounds"]:
+                    by_round[r["round"]] += _finite([r.get("strategy", {}).get(key)])
+            for round_, values in by_round.items():
+                if values:
+                    per_round[round_].append(statistics.fmean(values))
+        if per_round:
+            body.append([label, *[mean_std(per_round.get(r, [])) for r in rounds]])
+    if not body:
+        return None
+    return _markdown(["row", *[f"r{r}" for r in rounds]], body)
+
+
 def held_out_table(folders: Sequence[Path]) -> str:
     """Rows × held-out domains: final held-out accuracy of the global model, % mean (std) over seeds."""
     columns: list[str] = []
@@ -133,4 +157,9 @@ def write_compare_tables(folder: Path, out: Path) -> list[Path]:
         paths.append(out / "relevance.md")
     (out / "communication.md").write_text(communication_table(runs) + "\n")
     paths.append(out / "communication.md")
+    for key in ("lambda_self", "self_weight"):
+        table = record_table(runs, key)
+        if table is not None:
+            (out / f"{key}.md").write_text(table + "\n")
+            paths.append(out / f"{key}.md")
     return paths

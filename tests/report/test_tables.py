@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from p2pfl.cli import main
-from p2pfl.report.tables import communication_table, held_out_table, mean_std, relevance_table
+from p2pfl.report.tables import communication_table, held_out_table, mean_std, record_table, relevance_table
 
 
 def _results(seed: int, held_out: str | None, acc: float, k: list[int], received: list[int]) -> dict:
     rounds = [
         {"round": i + 1, "test_acc": acc, "test_acc_aggregated": acc, "param_bytes_received": b,
-         "strategy": {"k": kk}}
+         "strategy": {"k": kk, "lambda_self": 0.2 + 0.1 * seed}}
         for i, (kk, b) in enumerate(zip(k, received))
     ]
     return {
@@ -54,6 +54,8 @@ def test_relevance_and_communication_tables_average_over_seeds(tmp_path: Path) -
     assert relevance is not None
     # precision 0.5 and 0.6 over the two seeds
     assert "| pfedsv | 1 | 0.55 (0.05) | 1.00 (0.00) | 0.50 (0.00) | 0.00 (0.00) |" in relevance
+    assert "| pfedsv | 0.25 (0.05) | 0.25 (0.05) |" in record_table(runs, "lambda_self")
+    assert record_table(runs, "no_such_record") is None
     comm = communication_table(runs)
     assert "| pfedsv | 4.0 (0.0) | 1.0 (0.0) | 3.0 (0.0) | 3.0 2.0 |" in comm
 
