@@ -15,12 +15,11 @@ the k bodies and computes the validation features once.
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 
 import numpy as np
 import torch
 
+from timing import median_seconds
 from p2pfl.algorithms.pfedsv import PFedSV
 from p2pfl.data import NodeData, Split
 from p2pfl.models import lenet, part_state
@@ -37,15 +36,6 @@ def synthetic(n: int, seed: int) -> Split:
     return Split(protos[y] + torch.randn(n, 3, 28, 28, generator=g), y)
 
 
-def timed(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -54,7 +44,7 @@ def main() -> None:
     trainer = LocalTrainer(TrainConfig(epochs=1, batch_size=32, optimizer="adam", lr=1e-3))
     trainer.fit(base, data.train)  # warm-up, and a model that is not at its initialisation
 
-    epoch_s = timed(lambda: trainer.fit(copy.deepcopy(base), data.train), repeat=3)
+    epoch_s = median_seconds(lambda: trainer.fit(copy.deepcopy(base), data.train), repeat=3)
     n_params = sum(p.numel() for p in base.parameters())
     print(f"LeNet(3,28,10): {n_params:,} parameters; train {TRAIN}, val {VAL} samples; 1 thread")
     print(f"one local epoch (Adam 1e-3, batch 32, {TRAIN // 32 + 1} steps): {epoch_s:.3f} s\n")
@@ -92,7 +82,7 @@ def main() -> None:
                 stats["evals"] = ctx.artefacts.records["utility_evaluations"]
                 stats["method"] = [e["value"]["method"] for e in ctx.artefacts.saved if e["name"] == "shapley"][0]
 
-            seconds = timed(run, repeat=1 if variant == "full" else 5)
+            seconds = median_seconds(run, repeat=1 if variant == "full" else 5)
             evals = int(stats["evals"])  # type: ignore[call-overload]
             per_eval[variant] = seconds / evals
             print(f"{k:>2} {k + 1:>3} {variant:>7} {stats['method']:>11} {evals:>5} {seconds:>8.3f} "
