@@ -11,7 +11,6 @@ import struct
 
 import aiohttp
 import numpy as np
-import pytest
 import torch
 
 from p2pfl.models import part_state
