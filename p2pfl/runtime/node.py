@@ -217,13 +217,15 @@ class Node:
         self.status_text = status
         if status == "ok":
             await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
+        # Closed before the result is taken, so that every message the node answered (and
+        # every rejection) is in it.
+        await self.endpoint.close()
         result = self.result(status, error, time.perf_counter() - started)
         result["checkpoint"] = str(cfg.out / "checkpoints" / f"{cfg.id}.p2pfl")
         save_checkpoint(Path(result["checkpoint"]), self.model.state_dict(), key=self.endpoint.key,
                         node_id=cfg.id, round_=self.round)
         (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)
         (cfg.out / "nodes" / f"{cfg.id}.result.json").write_text(json.dumps(result, indent=1))
-        await self.endpoint.close()
         return result
 
     def result(self, status: str, error: str | None, wall_s: float) -> dict[str, Any]:
