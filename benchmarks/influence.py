@@ -102,7 +102,7 @@ def main() -> None:
     base = lenet(3, 28, CLASSES)
     trainer = LocalTrainer(TrainConfig(epochs=1, batch_size=32, optimizer="adam", lr=1e-3))
     trainer.fit(base, train)  # warm-up, and a model that is not at its initialisation
-    epoch_s = median_seconds(lambda: trainer.fit(copy.deepcopy(base), train), repeat=3, warmup=True)
+    epoch_s = median_seconds(lambda: trainer.fit(copy.deepcopy(base), train), repeat=3, warmup=1)
     n_params = sum(p.numel() for p in base.parameters())
     print(f"LeNet(3,28,10): {n_params:,} parameters; influence batch {BATCH}; C = {CLASSES}; gamma {GAMMA}; 1 thread")
     print(f"one local epoch ({EPOCH_SAMPLES} samples, Adam 1e-3, batch 32, {EPOCH_SAMPLES // 32} steps): {epoch_s:.3f} s\n")
@@ -128,12 +128,12 @@ def main() -> None:
         Lam_ref = Lambda_naive(base, models, x, y)
         assert torch.allclose(Lam_batched.losses, torch.tensor(Lam_ref, dtype=torch.float64), rtol=1e-4)
 
-        t_lam = median_seconds(lambda: client_influence(base, bodies, own_head, x, y, GAMMA), repeat=5, warmup=True)
-        t_lam_chunk = median_seconds(lambda: client_influence(base, bodies, own_head, x, y, GAMMA, chunk_size=2), repeat=5, warmup=True)
-        t_lam_loop = median_seconds(lambda: lambda_loop(base, bodies, own_head, x, y), repeat=5, warmup=True)
-        t_lam_naive = median_seconds(lambda: lambda_naive(base, models, x, y), repeat=5, warmup=True)
-        t_Lam = median_seconds(lambda: class_influence(eval_features(base.body, x), heads, y, GAMMA), repeat=5, warmup=True)
-        t_Lam_naive = median_seconds(lambda: Lambda_naive(base, models, x, y), repeat=2, warmup=True)
+        t_lam = median_seconds(lambda: client_influence(base, bodies, own_head, x, y, GAMMA), repeat=5, warmup=1)
+        t_lam_chunk = median_seconds(lambda: client_influence(base, bodies, own_head, x, y, GAMMA, chunk_size=2), repeat=5, warmup=1)
+        t_lam_loop = median_seconds(lambda: lambda_loop(base, bodies, own_head, x, y), repeat=5, warmup=1)
+        t_lam_naive = median_seconds(lambda: lambda_naive(base, models, x, y), repeat=5, warmup=1)
+        t_Lam = median_seconds(lambda: class_influence(eval_features(base.body, x), heads, y, GAMMA), repeat=5, warmup=1)
+        t_Lam_naive = median_seconds(lambda: Lambda_naive(base, models, x, y), repeat=2, warmup=1)
         rows = [
             ("lambda", t_lam, f"{t_lam_chunk:>9.3f} {t_lam_loop:>8.3f}", t_lam_naive),
             ("Lambda", t_Lam, f"{'-':>9} {'-':>8}", t_Lam_naive),

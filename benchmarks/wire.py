@@ -12,14 +12,12 @@ import argparse
 import hashlib
 import io
 import pickle
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from timing import median_seconds
 from p2pfl.wire import NodeKey, ReplayGuard, Roster, encode, encode_body, open_message, seal
 
 
@@ -40,18 +38,6 @@ def lenet_state_dict() -> dict[str, torch.Tensor]:
         nn.Linear(192, 10),
     )
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def median_s(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    # Median: the machine is shared, and a mean would mostly measure the neighbours.
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -95,21 +81,21 @@ def main() -> None:
     assert all(torch.equal(msg.torch_tensors()[k], v) for k, v in state.items())
 
     rows = {
-        "wire": (len(frame), median_s(wire_encode, args.repeat), median_s(wire_decode, args.repeat)),
+        "wire": (len(frame), median_seconds(wire_encode, args.repeat, warmup=2), median_seconds(wire_decode, args.repeat, warmup=2)),
         "pickle": (
             len(pickled),
-            median_s(lambda: pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), args.repeat),
-            median_s(lambda: pickle.loads(pickled), args.repeat),
+            median_seconds(lambda: pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), args.repeat, warmup=2),
+            median_seconds(lambda: pickle.loads(pickled), args.repeat, warmup=2),
         ),
         "torch.save": (
             len(saved),
-            median_s(torch_save, args.repeat),
-            median_s(lambda: torch.load(io.BytesIO(saved)), args.repeat),
+            median_seconds(torch_save, args.repeat, warmup=2),
+            median_seconds(lambda: torch.load(io.BytesIO(saved)), args.repeat, warmup=2),
         ),
     }
-    seal_s = median_s(wire_seal, args.repeat)
+    seal_s = median_seconds(wire_seal, args.repeat, warmup=2)
     # The integrity digest is the floor under both wire directions; the baselines have none.
-    sha_s = median_s(lambda: hashlib.sha256(body.data).digest(), args.repeat)
+    sha_s = median_seconds(lambda: hashlib.sha256(body.data).digest(), args.repeat, warmup=2)
 
     def mbps(seconds: float) -> float:
         return param_bytes / seconds / 1e6

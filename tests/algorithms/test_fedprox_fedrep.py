@@ -18,6 +18,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.models import SplitModel, cnn, part_state
 from p2pfl.runtime.strategy import ArtefactSink, Fetch, PeerModel, RoundContext
 from p2pfl.training import FitResult, LocalTrainer, TrainConfig
+from tests.core.test_influence import perturbed
 
 CLASSES = 3
 
@@ -58,15 +59,6 @@ def context(model: SplitModel, trainer: LocalTrainer | None = None, peers=("p1",
         trainer=trainer or RecordingTrainer(), rng=np.random.default_rng(0),
         artefacts=ArtefactSink("me", None), log=lambda _: None,
     )
-
-
-def perturbed(model: SplitModel, seed: int, scale: float = 0.1) -> SplitModel:
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return out
 
 
 def peer(sender: str, model: SplitModel, part: str, n_train: int) -> PeerModel:

@@ -29,7 +29,7 @@ def mlp(seed: int = 0) -> SplitModel:
     return SplitModel(nn.Sequential(nn.Flatten(), nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 6), nn.ReLU()), 6, CLASSES)
 
 
-def perturbed(model: SplitModel, seed: int, scale: float) -> SplitModel:
+def perturbed(model: SplitModel, seed: int, scale: float = 0.1) -> SplitModel:
     out = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
