@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from p2pfl.errors import ConfigError
+from p2pfl.errors import ConfigError, check_table
 
 DATASETS = ("mnist", "digits", "idx", "cifar10", "cifar100")
 PARTITIONS = ("iid", "dirichlet", "pathological", "domain")
@@ -57,12 +57,7 @@ class DataSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], prefix: str = "data") -> "DataSpec":
         """Build and validate a spec from a (TOML) table; errors are ``ConfigError(f"{prefix}.<field>", ...)``."""
-        if not isinstance(d, Mapping):
-            raise ConfigError(prefix, f"must be a table, got {type(d).__name__}")
-        allowed = [f.name for f in fields(cls)]
-        for key in d:
-            if key not in allowed:
-                raise ConfigError(f"{prefix}.{key}", f"unknown field; allowed fields: {', '.join(allowed)}")
+        check_table(d, [f.name for f in fields(cls)], prefix)
         kw: dict[str, Any] = {}
         for key, value in d.items():
             f = f"{prefix}.{key}"

@@ -20,11 +20,10 @@ resolved scenario, which lists every field, loads again) and ignored.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from p2pfl.errors import ConfigError
+from p2pfl.errors import ConfigError, check_table
 
 MODES = ("none", "dp-sgd", "output-noise")
 ACCOUNTANTS = ("rdp", "prv")
@@ -48,12 +47,7 @@ class PrivacySpec:
 
     @classmethod
     def from_dict(cls, d: Any, prefix: str = "privacy") -> PrivacySpec:
-        if not isinstance(d, Mapping):
-            raise ConfigError(prefix, f"expected a table, got {type(d).__name__}")
-        allowed = [f.name for f in fields(cls)]
-        for key in d:
-            if key not in allowed:
-                raise ConfigError(f"{prefix}.{key}", f"unknown field; allowed fields are {sorted(allowed)}")
+        check_table(d, [f.name for f in fields(cls)], prefix)
 
         def where(key: str) -> str:
             return f"{prefix}.{key}"

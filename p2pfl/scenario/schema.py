@@ -24,17 +24,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from p2pfl.errors import ConfigError
+from p2pfl.errors import ConfigError, check_table
 from p2pfl.training import TrainConfig
 
 TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy"}
-
-
-def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None:
-    for key in table:
-        if key not in allowed:
-            where = f"{prefix}.{key}" if prefix else key
-            raise ConfigError(where, f"unknown field; allowed fields are {sorted(allowed)}")
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
@@ -50,10 +43,8 @@ def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
 
 
 def _dataclass_from_table(cls: type, table: Mapping[str, Any], prefix: str) -> Any:
-    if not isinstance(table, Mapping):
-        raise ConfigError(prefix, f"expected a table, got {type(table).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    _check_keys(table, list(fields), prefix)
+    check_table(table, fields, prefix)
     values = {}
     for key, value in table.items():
         declared = fields[key].type
@@ -128,7 +119,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     from p2pfl.models import MODELS
     from p2pfl.privacy import PrivacySpec
 
-    _check_keys(raw, sorted(TOP_LEVEL), "")
+    check_table(raw, sorted(TOP_LEVEL), "")
     name = _typed(raw.get("name", Path(source).stem), str, "name")
     nodes = _typed(raw.get("nodes", 3), int, "nodes")
     if nodes < 1:
@@ -148,7 +139,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     algo_table = raw.get("algorithm", {})
     if not isinstance(algo_table, Mapping):
         raise ConfigError("algorithm", "expected a table with `name` and optional `params`")
-    _check_keys(algo_table, ["name", "params"], "algorithm")
+    check_table(algo_table, ["name", "params"], "algorithm")
     algo_name = _typed(algo_table.get("name", "fedavg"), str, "algorithm.name")
     params = algo_table.get("params", {})
     if not isinstance(params, Mapping):
