@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from p2pfl.algorithms import register
+from p2pfl.core.influence import combine_states
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
 
@@ -14,11 +15,7 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
     total = float(sum(weights))
     if total <= 0:
         raise ValueError("weights must have a positive sum")
-    keys = states[0].keys()
-    return {
-        k: sum((w / total) * s[k].to(torch.float64) for s, w in zip(states, weights)).to(states[0][k].dtype)
-        for k in keys
-    }
+    return combine_states(states, [w / total for w in weights])
 
 
 def average_part_by_count(ctx: RoundContext, part: str, members: list[PeerModel]) -> None:
