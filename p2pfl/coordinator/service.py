@@ -22,6 +22,7 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model, load_part, part_spec
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
 from p2pfl.runtime.transport import Endpoint
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
@@ -35,11 +36,15 @@ class Coordinator:
         self.log = logging.getLogger("p2pfl.coordinator")
         torch.set_num_threads(sc.runtime.torch_threads)
         self.partition = build_partition(sc.data, sc.nodes, sc.seed)
+        self.device = node_device(sc.device, 0)
+        self.held_out = None if self.partition.held_out is None else split_to_device(self.partition.held_out, self.device)
         torch.manual_seed(sc.seed)
         self.model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
+        self.model.to(self.device)
         self.spec = part_spec(self.model, "full")
         self.aggregator = build_aggregator(sc.algorithm.name, sc.algorithm.params, rounds=sc.rounds)
-        self.evaluator = LocalTrainer(sc.train, device=sc.device)
+        self.evaluator = LocalTrainer(sc.train, device=self.device)
+        self.expected: set[str] = set(config.peers)
         self.counter = ByteCounter()
         self.submissions: dict[int, dict[str, Submission]] = {}
         self.arrived = asyncio.Event()
@@ -53,6 +58,7 @@ class Coordinator:
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
             expected_for=lambda kind, part: self.spec if kind == "stats" else None,
             on_message=self._on_stats, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
+            on_departed=self._on_departed,
             max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
         )
 
@@ -65,10 +71,15 @@ class Coordinator:
         per_round = self.submissions.setdefault(h.round, {})
         if h.sender in per_round:
             raise ValueError(f"{h.sender} already submitted round {h.round}")
-        per_round[h.sender] = Submission(h.sender, message.torch_tensors(), dict(h.meta))
+        per_round[h.sender] = Submission(h.sender, to_device(message.torch_tensors(), self.device), dict(h.meta))
         self.arrived.set()
 
-    async def collect(self, r: int, expected: set[str]) -> dict[str, Submission]:
+    def _on_departed(self, node: str, reason: str) -> None:
+        """A node that failed is not waited for again; with none left the coordinator stops."""
+        self.expected.discard(node)
+        self.arrived.set()
+
+    async def collect(self, r: int) -> dict[str, Submission]:
         """Wait for every expected node, or `fetch_timeout_s` after the first one arrived."""
         loop = asyncio.get_running_loop()
         timeout = self.scenario.runtime.fetch_timeout_s
@@ -76,7 +87,7 @@ class Coordinator:
         deadline = None
         while True:
             got = self.submissions.get(r, {})
-            if expected <= set(got):
+            if self.expected <= set(got):
                 return got
             if got and deadline is None:
                 deadline = loop.time() + timeout
@@ -95,28 +106,28 @@ class Coordinator:
         await self.endpoint.start(cfg.host, cfg.port)
         self.log.info("coordinator on %s:%d for %d nodes, %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm.name)
         started = time.perf_counter()
-        expected = set(cfg.peers)
         status, error = "ok", None
         try:
             for r in range(1, sc.rounds + 1):
                 self.counter.begin_round(r)
                 t0 = time.perf_counter()
-                got = await self.collect(r, expected)
+                got = await self.collect(r)
                 if not got:
                     self.log.warning("no node submitted round %d; stopping", r)
                     break
-                missing = expected - set(got)
+                missing = self.expected - set(got)
                 if missing:
                     self.log.warning("round %d: no statistics from %s; aggregating without them", r, sorted(missing))
-                expected = set(got)  # a node that missed a round is not waited for again
+                # A node that missed a round, or said goodbye meanwhile, is not waited for again.
+                self.expected = set(got) - set(self.endpoint.departed)
                 subs = [got[k] for k in sorted(got)]
                 update = await asyncio.to_thread(self.aggregator.aggregate, r, subs)
                 load_part(self.model, update.state)
                 held_acc = None
-                if self.partition.held_out is not None:
-                    held_acc, _ = self.evaluator.evaluate(self.model, self.partition.held_out)
+                if self.held_out is not None:
+                    held_acc, _ = self.evaluator.evaluate(self.model, self.held_out)
                 self.round = r
-                await self.endpoint.publish(r, r, {"global": update.state}, {"weights": dict(update.weights)})
+                await self.endpoint.publish(r, r, {"global": host_snapshot(update.state)}, {"weights": dict(update.weights)})
                 self.rounds.append({
                     "round": r, "weights": dict(update.weights), "info": update.info, "held_out_acc": held_acc,
                     "submitted": sorted(got), **self.counter.round_summary(r), "wall_s": time.perf_counter() - t0,

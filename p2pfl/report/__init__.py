@@ -15,6 +15,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from p2pfl.report.tables import held_out_table, write_compare_tables  # noqa: E402
+from p2pfl.runtime.timing import PHASES, compute_fraction  # noqa: E402
+
+PHASE_COLOURS = {"train": "#1f77b4", "privacy": "#9467bd", "evaluate": "#2ca02c", "publish": "#ff7f0e",
+                 "exchange": "#d62728", "aggregate": "#17becf"}
 
 
 def load_artefacts(run_dir: Path) -> dict[str, dict[str, dict[int, Any]]]:
@@ -71,6 +75,51 @@ def plot_bytes(results: Mapping[str, Any], out: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, out / "bytes_per_round.png")
+
+
+def plot_round_time(results: Mapping[str, Any], out: Path) -> Path | None:
+    """Where each node's round time goes (mean seconds per round, stacked by phase), and per round."""
+    nodes = [n for n in results["nodes"] if any(r.get("time") for r in n.get("rounds", []))]
+    if not nodes:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.35 * len(nodes) + 1.5)))
+    y = np.arange(len(nodes))
+    offset = np.zeros(len(nodes))
+    for phase in PHASES:
+        seconds = np.array([np.mean([r["time"][f"{phase}_s"] for r in n["rounds"] if r.get("time")]) for n in nodes])
+        left.barh(y, seconds, left=offset, color=PHASE_COLOURS[phase], label=phase)
+        offset += seconds
+    for i, n in enumerate(nodes):
+        fraction = compute_fraction(n["rounds"])
+        if fraction is not None:
+            left.text(offset[i], i, f" {fraction:.0%} compute", va="center", fontsize=7)
+    left.set_yticks(y, [n["id"] for n in nodes], fontsize=7)
+    left.invert_yaxis()
+    left.set_xlabel("seconds per round (mean over rounds)")
+    left.set_title("per node")
+    left.set_xlim(0, offset.max() * 1.25)
+    rounds = sorted({r["round"] for n in nodes for r in n["rounds"] if r.get("time")})
+    bottom = np.zeros(len(rounds))
+    for phase in PHASES:
+        seconds = np.array([
+            np.mean([r["time"][f"{phase}_s"] for n in nodes for r in n["rounds"] if r["round"] == k and r.get("time")])
+            for k in rounds
+        ])
+        right.bar(rounds, seconds, bottom=bottom, color=PHASE_COLOURS[phase], label=phase)
+        bottom += seconds
+    right.set_xlabel("round")
+    right.set_ylabel("seconds (mean over nodes)")
+    right.set_title("per round")
+    right.grid(axis="y", alpha=0.3)
+    fraction = results["summary"].get("compute_fraction")
+    share = "" if fraction is None else f", compute fraction {fraction:.2f}"
+    fig.suptitle(f"{results['scenario']['name']}: {results['algorithm']}, where round time goes{share}")
+    handles, labels = right.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(PHASES), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(out / "round_time.png", dpi=110)
+    plt.close(fig)
+    return out / "round_time.png"
 
 
 def _matrix_by_round(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], round_: int) -> np.ndarray:
@@ -215,7 +264,7 @@ def report_run(run_dir: Path) -> list[Path]:
         p = plot_scalar_records(results, key, out, label)
         if p is not None:
             paths.append(p)
-    for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out)):
+    for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out), plot_round_time(results, out)):
         if p is not None:
             paths.append(p)
     return paths

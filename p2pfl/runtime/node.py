@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,9 @@ from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import save_checkpoint
 from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
 from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, Push, RoundContext
+from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.transport import Endpoint
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
@@ -56,16 +59,18 @@ class Node:
         self.partition = build_partition(sc.data, sc.nodes, sc.seed)
         if not 0 <= config.index < len(self.partition.nodes):
             raise ValueError(f"node index {config.index} outside the partition's {len(self.partition.nodes)} nodes")
-        self.data = self.partition.nodes[config.index]
+        self.device = node_device(sc.device, config.index)
+        self.data = data_to_device(self.partition.nodes[config.index], self.device)
         torch.manual_seed(sc.seed)  # the same initial model on every node, as FedAvg assumes
         model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
+        model.to(self.device)
         seed = node_seed(sc.seed, config.index)
         self.privacy = build_privacy(
             sc.privacy, n_train=len(self.data.train), batch_size=sc.train.batch_size,
             epochs=sc.train.epochs, rounds=sc.rounds, seed=seed,
         )
         self.model = prepare_model(model, self.privacy) if self.privacy is not None else model
-        self.trainer = LocalTrainer(sc.train, device=sc.device, seed=seed, privacy=self.privacy)
+        self.trainer = LocalTrainer(sc.train, device=self.device, seed=seed, privacy=self.privacy)
         self.strategy = build_strategy(sc.algorithm.name, sc.algorithm.params)
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
         self.counter = ByteCounter()
@@ -84,6 +89,7 @@ class Node:
             node_id=config.id, key=key, roster=Roster(ids), urls=urls, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
             expected_for=self._expected, on_message=self._on_push, status=self._status,
+            on_departed=self._on_departed,
             max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
         )
         self.artefacts = ArtefactSink(config.id, config.out / "artefacts")
@@ -110,7 +116,16 @@ class Node:
         current = self.peer_cache.get((h.sender, h.part))
         if current is not None and current.version >= h.version:
             raise ValueError(f"version {h.version} of {h.sender}/{h.part} is not newer than {current.version}")
-        self.peer_cache[(h.sender, h.part)] = _peer_model(message)
+        self.peer_cache[(h.sender, h.part)] = self._peer_model(message)
+
+    def _peer_model(self, message: Message) -> PeerModel:
+        """A verified message as a strategy sees it: every tensor already on this node's device."""
+        h = message.header
+        return PeerModel(h.sender, h.part, h.round, h.version, to_device(message.torch_tensors(), self.device), dict(h.meta))
+
+    def _on_departed(self, peer: str, reason: str) -> None:
+        self.ctx.unreachable.add(peer)
+        self.ctx.departed.add(peer)
 
     def _status(self) -> dict[str, Any]:
         return {"id": self.config.id, "round": self.round, "done": self.done, "status": self.status_text}
@@ -133,11 +148,11 @@ class Node:
                 return None
             if message.header.version < round_ and not self.scenario.runtime.accept_stale:
                 return None
-            return _peer_model(message)
+            return self._peer_model(message)
 
         results = await asyncio.gather(*(one(f) for f in fetches))
         arrived = [r for r in results if r is not None]
-        self.ctx.unreachable = {f.peer for f, r in zip(fetches, results) if r is None}
+        self.ctx.unreachable = {f.peer for f, r in zip(fetches, results) if r is None} | self.ctx.departed
         return arrived
 
     async def send_pushes(self, pushes: list[Push], round_: int) -> None:
@@ -152,26 +167,38 @@ class Node:
 
     async def run_round(self, r: int) -> dict[str, Any]:
         started = time.perf_counter()
+        clock = PhaseClock(sync=_synchronizer(self.device))
         ctx, strategy = self.ctx, self.strategy
         self.round = ctx.round = r
         self.counter.begin_round(r)
         self.artefacts.begin_round(r)
+        clock.switch("train")
         ctx.round_start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.status_text = "training"
         fit = await asyncio.to_thread(strategy.fit, ctx)
+        clock.switch("privacy")
         if self.privacy is not None:
             self.privacy.before_publish(self.model, ctx.round_start)
+        epsilon = epsilon_for_json(None if self.privacy is None else self.privacy.epsilon())
+        clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        clock.switch("publish")
         meta = {"n_train": len(self.data.train), **strategy.shared_meta(ctx)}
         if strategy.shared_parts:
-            parts = {p: part_state(self.model, p) for p in strategy.shared_parts}
+            parts = {p: host_snapshot(part_state(self.model, p)) for p in strategy.shared_parts}
             await self.endpoint.publish(r, r, parts, meta)
         self.status_text = "exchanging"
-        await self.send_pushes(strategy.pushes(ctx), r)
+        clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
+        pushes = await asyncio.to_thread(strategy.pushes, ctx)
+        clock.switch("exchange")
+        await self.send_pushes(pushes, r)
         arrived = await self.gather(strategy.configure_fetch(ctx), r)
         self.status_text = "aggregating"
+        clock.switch("aggregate")
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
+        clock.switch("evaluate")
         acc_agg, _ = self.trainer.evaluate(self.model, self.data.test)
+        time_record = clock.stop()
         record: dict[str, Any] = {
             "round": r,
             "test_acc": test_acc,
@@ -181,7 +208,8 @@ class Node:
             "train_steps": fit.steps,
             **self.counter.round_summary(r),
             "wall_s": time.perf_counter() - started,
-            "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
+            "time": time_record,
+            "epsilon": epsilon,
             "arrived": sorted(m.sender for m in arrived),
             "stale": sorted(m.sender for m in arrived if m.version < r),
             "strategy": dict(self.artefacts.records),
@@ -195,6 +223,7 @@ class Node:
         started = time.perf_counter()
         status = "ok"
         error = None
+        goodbye = ""
         try:
             await asyncio.to_thread(self.strategy.setup, self.ctx)
             for r in range(1, sc.rounds + 1):
@@ -204,7 +233,7 @@ class Node:
                         "stopping before round %d: another round would exceed the epsilon budget (epsilon so far %.3f)",
                         r, self.privacy.epsilon() or 0.0,
                     )
-                    await self.endpoint.store.withdraw()
+                    goodbye = f"privacy budget exhausted before round {r}"
                     break
                 record = await self.run_round(r)
                 self.rounds.append(record)
@@ -212,10 +241,15 @@ class Node:
         except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
             status = "failed"
             error = "".join(traceback.format_exception(exc))
+            goodbye = f"failed in round {self.round}: {exc!r}"
             self.log.error("node failed:\n%s", error)
         self.done = True
         self.status_text = status
-        if status == "ok":
+        if status != "ok":
+            # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
+            await self.endpoint.store.withdraw()
+            await self.endpoint.say_goodbye(sorted(self.endpoint.urls), goodbye)
+        else:
             await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
         # Closed before the result is taken, so that every message the node answered (and
         # every rejection) is in it.
@@ -256,9 +290,11 @@ def epsilon_for_json(epsilon: float | None) -> float | str | None:
     return epsilon
 
 
-def _peer_model(message: Message) -> PeerModel:
-    h = message.header
-    return PeerModel(h.sender, h.part, h.round, h.version, message.torch_tensors(), dict(h.meta))
+def _synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """Waits for the GPU's queued work, so that a phase's time includes the kernels it launched."""
+    if device.type != "cuda":
+        return None
+    return lambda: torch.cuda.synchronize(device)
 
 
 def _progress(payload: dict[str, Any]) -> None:

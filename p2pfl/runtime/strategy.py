@@ -131,6 +131,8 @@ class RoundContext:
     round_start: dict[str, torch.Tensor] = field(default_factory=dict)
     # Peers whose last fetch failed or timed out, for strategies that track liveness.
     unreachable: set[str] = field(default_factory=set)
+    # Peers that said goodbye (failed, or out of privacy budget): never asked again.
+    departed: set[str] = field(default_factory=set)
 
 
 class Strategy:

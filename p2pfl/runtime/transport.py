@@ -22,6 +22,7 @@ from aiohttp import web
 from p2pfl.runtime.accounting import CONTROL, ByteCounter
 from p2pfl.wire import (
     EncodedBody,
+    Frame,
     Message,
     NodeKey,
     ReplayGuard,
@@ -32,10 +33,12 @@ from p2pfl.wire import (
     open_message,
     peek_header,
     seal,
+    seal_frame,
 )
 
 CONTENT_TYPE = "application/x-p2pfl"
 REJECTED = "rejected"  # bytes of messages that failed validation still crossed the wire
+GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
 ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
 
 
@@ -89,6 +92,7 @@ class Endpoint:
         expected_for: Callable[[str, str], ExpectedSpec | None],
         on_message: Callable[[Message], None],
         status: Callable[[], dict[str, Any]],
+        on_departed: Callable[[str, str], None] | None = None,
         max_skew_s: float = 300.0,
         retry_s: float = 0.25,
         log: logging.Logger | None = None,
@@ -102,6 +106,10 @@ class Endpoint:
         self.expected_for = expected_for
         self.on_message = on_message
         self.status = status
+        self.on_departed = on_departed
+        # Peers that said goodbye: fetches from them end at once, now and in later rounds.
+        self.departed: dict[str, str] = {}
+        self._inflight: dict[str, set[asyncio.Future[Message | None]]] = {}
         self.replay = ReplayGuard(max_skew_s=max_skew_s)
         self.retry_s = retry_s
         self.log = log or logging.getLogger(f"p2pfl.{node_id}")
@@ -135,7 +143,10 @@ class Endpoint:
         return next(self._seq)
 
     async def publish(self, version: int, round_: int, parts: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> None:
-        """Encode each part once; every GET for this version reuses the bytes and only re-seals the header."""
+        """Encode each part once; every GET for this version reuses the body and only re-seals the header.
+
+        The encoded body references the tensors' memory: `parts` must be snapshots that
+        nobody changes afterwards (`p2pfl.runtime.placement.host_snapshot`)."""
         bodies = await asyncio.to_thread(lambda: {name: encode_body(t) for name, t in parts.items()})
         await self.store.publish(Published(version, round_, bodies, dict(meta)))
 
@@ -155,12 +166,12 @@ class Endpoint:
         body = published.bodies.get(part)
         if body is None:
             return web.Response(status=404, text=f"{self.node_id} does not share part {part!r}")
-        frame = seal(
+        frame = seal_frame(
             key=self.key, kind="model", sender=self.node_id, recipient=requester, round=published.round,
             version=published.version, seq=self.next_seq(), part=part, meta=published.meta, body=body,
         )
-        self.counter.sent(part, len(frame), body.param_bytes)
-        return web.Response(body=frame, content_type=CONTENT_TYPE)
+        self.counter.sent(part, frame.nbytes, frame.param_bytes)
+        return await _stream(request, frame)
 
     async def _inbox(self, request: web.Request) -> web.Response:
         if request.content_length is not None and request.content_length > self.limits.max_message_bytes:
@@ -171,7 +182,7 @@ class Endpoint:
             return self._reject("?", 413, f"body exceeds the limit of {self.limits.max_message_bytes} bytes")
         try:
             header = peek_header(data, self.limits)
-            expected = self.expected_for(header.kind, header.part)
+            expected = {} if header.kind == GOODBYE else self.expected_for(header.kind, header.part)
             if expected is None:
                 self.counter.received(REJECTED, len(data), 0)
                 return self._reject(header.sender, 400, f"{self.node_id} does not accept kind={header.kind!r} part={header.part!r}")
@@ -181,6 +192,10 @@ class Endpoint:
         except WireError as exc:
             self.counter.received(REJECTED, len(data), 0)
             return self._reject("?", exc.status, str(exc))
+        if message.header.kind == GOODBYE:
+            self.counter.received(CONTROL, message.total_bytes, 0)
+            self._depart(message.header.sender, str(message.header.meta.get("reason", ""))[:500])
+            return web.Response(status=202, text="accepted")
         try:
             self.on_message(message)
         except ValueError as exc:
@@ -188,6 +203,16 @@ class Endpoint:
             return self._reject(message.header.sender, 400, str(exc))
         self.counter.received(message.header.part or message.header.kind, message.total_bytes, message.param_bytes)
         return web.Response(status=202, text="accepted")
+
+    def _depart(self, peer: str, reason: str) -> None:
+        if peer in self.departed:
+            return
+        self.departed[peer] = reason
+        self.log.warning("%s said goodbye (%s); not waiting for it again", peer, reason or "no reason given")
+        for task in self._inflight.pop(peer, set()):
+            task.cancel()
+        if self.on_departed is not None:
+            self.on_departed(peer, reason)
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
@@ -211,7 +236,22 @@ class Endpoint:
         return b"".join(chunks)
 
     async def fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
-        """The peer's latest `part`, waiting up to `timeout` for `min_version`; None if it never answered."""
+        """The peer's latest `part`, waiting up to `timeout` for `min_version`; None if it never
+        answered or said goodbye (before or during the wait)."""
+        if peer in self.departed:
+            return None
+        task = asyncio.ensure_future(self._fetch(peer, part, min_version, timeout))
+        inflight = self._inflight.setdefault(peer, set())
+        inflight.add(task)
+        try:
+            await asyncio.wait({task})  # unlike `await task`, returns when the task is cancelled by a goodbye
+        finally:
+            inflight.discard(task)
+            if not task.done():  # this fetch itself was cancelled
+                task.cancel()
+        return None if task.cancelled() else task.result()
+
+    async def _fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
         assert self._session is not None, "start() the endpoint first"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -271,7 +311,7 @@ class Endpoint:
                     f"{self.urls[target]}/v1/inbox", data=frame, headers={"Content-Type": CONTENT_TYPE},
                     timeout=aiohttp.ClientTimeout(total=remaining),
                 ) as resp:
-                    self.counter.sent(part or kind, len(frame), body.param_bytes)
+                    self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
                     if resp.status == 202:
                         return True
                     self.log.warning("push to %s: HTTP %d %s", target, resp.status, (await resp.text())[:200])
@@ -280,6 +320,14 @@ class Endpoint:
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 5.0)
         return False
+
+    async def say_goodbye(self, targets: list[str], reason: str, timeout: float = 3.0) -> None:
+        """Tell `targets` (signed) that this node is gone, so none of them waits for it again."""
+        await asyncio.gather(*(
+            self.push(t, kind=GOODBYE, part="", round_=0, version=0, tensors={}, meta={"reason": reason[:500]},
+                      timeout=timeout)
+            for t in targets
+        ))
 
     async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
         assert self._session is not None
@@ -304,3 +352,14 @@ class Endpoint:
             pending = {p for p, s in zip(names, statuses) if s is not None and not s.get("done")}
             if pending:
                 await asyncio.sleep(0.5)
+
+
+async def _stream(request: web.Request, frame: Frame) -> web.StreamResponse:
+    """Write a sealed frame's buffers as they are: the body is never joined into one bytes object."""
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+    response.content_length = frame.nbytes
+    await response.prepare(request)
+    for chunk in frame.chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response

@@ -32,6 +32,9 @@ from p2pfl.scenario.schema import Scenario, apply_overrides, read_raw, scenario_
 from p2pfl.wire import NodeKey
 
 
+COORDINATOR_GRACE_S = 30.0  # how long the coordinator may outlive the last node
+
+
 def free_ports(count: int, host: str) -> list[int]:
     sockets, ports = [], []
     for _ in range(count):
@@ -114,15 +117,23 @@ async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], 
         return await proc.wait()
 
     tasks = {name: asyncio.create_task(follow(name, p)) for name, p in procs.items()}
+    nodes = [t for name, t in tasks.items() if name != COORDINATOR_ID]
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
     try:
-        done, pending = await asyncio.wait(tasks.values(), timeout=timeout_s)
-        for task in pending:
-            task.cancel()
+        await asyncio.wait(nodes, timeout=timeout_s)
+        coordinator = tasks.get(COORDINATOR_ID)
+        if coordinator is not None and not coordinator.done():
+            # Every node is done: the coordinator has nobody left to wait for. It normally
+            # stops by itself (nodes that fail say goodbye); this bounds the case where one was killed.
+            grace = COORDINATOR_GRACE_S if deadline is None else max(0.0, min(COORDINATOR_GRACE_S, deadline - loop.time()))
+            await asyncio.wait([coordinator], timeout=grace)
         codes = {}
         for name, task in tasks.items():
-            if task in done:
+            if task.done():
                 codes[name] = task.result()
             else:
+                task.cancel()
                 procs[name].kill()
                 codes[name] = -9
         return codes

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.runtime.strategy import COORDINATOR_ID
+from p2pfl.runtime.timing import compute_fraction
 
 
 def node_ids(n: int) -> list[str]:
@@ -61,6 +62,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "total_param_bytes": total_param,
         "wall_s": wall_s,
         "max_epsilon": (("inf" if math.isinf(max(eps)) else max(eps)) if eps else None),
+        "compute_fraction": compute_fraction(r for n in nodes for r in n.get("rounds", [])),
         "nodes_ok": sum(1 for n in nodes if n.get("status") == "ok"),
         "nodes_failed": [n["id"] for n in nodes if n.get("status") == "failed" or (n.get("exit_code") not in (0, None))],
     }
@@ -111,7 +113,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
     lines.append(
         f"{results['algorithm']}: mean acc {_fmt(s['mean_acc'])} (std {_fmt(s['std_acc'])}), weighted {_fmt(s['weighted_acc'])}, "
         f"aggregated {_fmt(s.get('mean_acc_aggregated'))}, epsilon {_fmt(s.get('max_epsilon'), '.2f')}, "
-        f"bytes {human_bytes(s['total_bytes'])}, wall {s['wall_s']:.1f} s"
+        f"bytes {human_bytes(s['total_bytes'])}, wall {s['wall_s']:.1f} s, compute fraction {_fmt(s.get('compute_fraction'), '.2f')}"
     )
     if "held_out_acc" in s:
         lines.append(f"held-out domain accuracy (global model): {_fmt(s['held_out_acc'])} (best {_fmt(s['held_out_acc_best'])})")

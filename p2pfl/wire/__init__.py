@@ -5,7 +5,7 @@ all use it without import cycles.
 """
 
 from p2pfl.wire.body import DTYPES, EncodedBody, encode_body
-from p2pfl.wire.envelope import MAGIC, Message, encode, open_message, peek_header, seal
+from p2pfl.wire.envelope import MAGIC, Frame, Message, encode, open_message, peek_header, seal, seal_frame
 from p2pfl.wire.errors import (
     BadSignature,
     MalformedMessage,
@@ -28,6 +28,7 @@ __all__ = [
     "BadSignature",
     "DTYPES",
     "EncodedBody",
+    "Frame",
     "Header",
     "MAGIC",
     "MalformedMessage",
@@ -51,4 +52,5 @@ __all__ = [
     "open_message",
     "peek_header",
     "seal",
+    "seal_frame",
 ]

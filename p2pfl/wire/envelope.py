@@ -1,16 +1,17 @@
 """Framing, sealing and opening of signed messages.
 
-Frame layout:
-    MAGIC b"P2FL" | u8 protocol | u32 header_len (BE) | header msgpack | 64-byte Ed25519 signature | body
+Frame layout (protocol 2):
+    MAGIC b"P2FL" | u8 protocol | u32 header_len (BE) | header msgpack | 64-byte Ed25519 signature
+    | zero padding to a multiple of 64 bytes | body
 
-The signature covers everything before it; the header carries the body's sha256, so the
-body is covered without signing megabytes, and a body encoded once can be sealed per
-recipient for the cost of one small msgpack, one signature and one concatenation.
+The signature covers everything before it; the header carries the body's BLAKE3 digest, so
+the body is covered without signing megabytes, and a body encoded once can be sealed per
+recipient for the cost of one small msgpack, one signature and no copy of the body: a
+sealed frame is a list of buffers (`Frame`) that the transport writes as they are.
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import time
 import warnings
@@ -20,7 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from p2pfl.wire.body import EncodedBody, TensorLike, check_expected, check_finite, decode_body, encode_body, unpack_strict
+from p2pfl.wire.body import (
+    EncodedBody,
+    TensorLike,
+    check_expected,
+    check_finite,
+    decode_body,
+    digest,
+    encode_body,
+    padding,
+    unpack_strict,
+)
 from p2pfl.wire.errors import BadSignature, MalformedMessage, OversizedMessage, UnknownSender, WrongRecipient, quote
 from p2pfl.wire.header import PROTOCOL_VERSION, Header, pack_header, validate_header
 from p2pfl.wire.keys import SIGNATURE_BYTES, NodeKey, Roster
@@ -36,7 +47,25 @@ PREFIX_BYTES = _PREFIX.size  # 9
 _DEFAULT_LIMITS = WireLimits()
 
 
-def seal(
+@dataclass(frozen=True)
+class Frame:
+    """A sealed message as buffers: signed prefix and header, signature, padding, then the body's chunks."""
+
+    chunks: tuple[bytes | memoryview, ...]
+    nbytes: int
+    param_bytes: int
+
+    def tobytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def body_offset(header_len: int) -> int:
+    """Where the body starts in a frame whose header is `header_len` bytes (a multiple of ALIGN)."""
+    end = PREFIX_BYTES + header_len + SIGNATURE_BYTES
+    return end + padding(end)
+
+
+def seal_frame(
     *,
     key: NodeKey,
     kind: str,
@@ -49,7 +78,7 @@ def seal(
     meta: Mapping[str, Any],
     body: EncodedBody,
     timestamp: float | None = None,
-) -> bytes:
+) -> Frame:
     header = pack_header(
         kind=kind,
         sender=sender,
@@ -60,10 +89,16 @@ def seal(
         timestamp=time.time() if timestamp is None else timestamp,
         part=part,
         meta=meta,
-        body_sha256=body.sha256,
+        body_digest=body.digest,
     )
     signed = _PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(header)) + header
-    return b"".join((signed, key.sign(signed), body.data))
+    start = b"".join((signed, key.sign(signed), bytes(padding(len(signed) + SIGNATURE_BYTES))))
+    return Frame(chunks=(start, *body.chunks), nbytes=len(start) + body.nbytes, param_bytes=body.param_bytes)
+
+
+def seal(**fields: Any) -> bytes:
+    """`seal_frame` joined into one bytes object (takes the same keyword arguments)."""
+    return seal_frame(**fields).tobytes()
 
 
 def encode(
@@ -134,14 +169,14 @@ def _parse_frame(view: memoryview, limits: WireLimits) -> tuple[Header, int]:
     if magic != MAGIC:
         raise MalformedMessage(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
     if protocol != PROTOCOL_VERSION:
-        raise MalformedMessage(f"protocol version {protocol} is not supported (this node speaks {PROTOCOL_VERSION})")
+        raise MalformedMessage(f"protocol version {protocol} is not supported: this node speaks version {PROTOCOL_VERSION}")
     max_header = limits.max_meta_bytes + HEADER_OVERHEAD_BYTES
     if header_len > max_header:
         raise MalformedMessage(f"header length {header_len} exceeds the limit of {max_header} bytes")
     signed_len = PREFIX_BYTES + header_len
-    if signed_len + SIGNATURE_BYTES > total:
+    if body_offset(header_len) > total:
         raise MalformedMessage(
-            f"header length {header_len} plus signature overruns the {total}-byte message"
+            f"header length {header_len} plus signature and padding overruns the {total}-byte message"
         )
     try:
         doc = unpack_strict(view[PREFIX_BYTES:signed_len])
@@ -179,9 +214,9 @@ def open_message(
         raise UnknownSender(f"sender {quote(header.sender)} is not in the roster")
     body_start = signed_len + SIGNATURE_BYTES
     roster.verify(header.sender, bytes(view[signed_len:body_start]), view[:signed_len])
-    body = view[body_start:]
-    if hashlib.sha256(body).digest() != header.body_sha256:
-        raise BadSignature(f"body sha256 does not match the signed header ({body.nbytes} body bytes)")
+    body = view[body_offset(signed_len - PREFIX_BYTES):]
+    if digest([body]) != header.body_digest:
+        raise BadSignature(f"body digest does not match the signed header ({body.nbytes} body bytes)")
     if replay is not None:
         replay.check(header.sender, header.seq, header.timestamp)
     arrays, param_bytes = decode_body(body, limits)

@@ -11,8 +11,9 @@ import msgpack
 
 from p2pfl.wire.errors import MalformedMessage, quote
 
-PROTOCOL_VERSION: int = 1
-_SHA256_BYTES = 32
+# 2: BLAKE3 body digest, raw tensor bytes after a msgpack tensor table, 64-byte aligned body.
+PROTOCOL_VERSION: int = 2
+_DIGEST_BYTES = 32
 _MAX_META_DEPTH = 32
 
 
@@ -27,7 +28,7 @@ class Header:
     timestamp: float
     part: str
     meta: dict[str, Any]
-    body_sha256: bytes
+    body_digest: bytes
     protocol: int = PROTOCOL_VERSION
 
 
@@ -43,7 +44,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "timestamp": (float, int),
     "part": (str,),
     "meta": (dict,),
-    "body_sha256": (bytes,),
+    "body_digest": (bytes,),
 }
 _FIELD_NAMES = frozenset(_FIELDS)
 
@@ -72,7 +73,7 @@ def pack_header(
     timestamp: float,
     part: str,
     meta: Mapping[str, Any],
-    body_sha256: bytes,
+    body_digest: bytes,
 ) -> bytes:
     meta_dict = dict(meta)
     # Fail on the sender, where the bug is, rather than as a 400 at every receiver.
@@ -97,7 +98,7 @@ def pack_header(
             "timestamp": float(timestamp),
             "part": part,
             "meta": meta_dict,
-            "body_sha256": body_sha256,
+            "body_digest": body_digest,
         },
         use_bin_type=True,
     )
@@ -124,8 +125,8 @@ def validate_header(doc: Any, protocol: int, max_meta_bytes: int) -> Header:
     timestamp = float(doc["timestamp"])
     if not math.isfinite(timestamp):
         raise MalformedMessage(f"header field 'timestamp' must be finite, got {timestamp}")
-    if len(doc["body_sha256"]) != _SHA256_BYTES:
-        raise MalformedMessage(f"header field 'body_sha256' must be {_SHA256_BYTES} bytes, got {len(doc['body_sha256'])}")
+    if len(doc["body_digest"]) != _DIGEST_BYTES:
+        raise MalformedMessage(f"header field 'body_digest' must be {_DIGEST_BYTES} bytes, got {len(doc['body_digest'])}")
     meta = doc["meta"]
     if not is_json_like(meta):
         raise MalformedMessage("header field 'meta' holds non-JSON-like values")
@@ -143,6 +144,6 @@ def validate_header(doc: Any, protocol: int, max_meta_bytes: int) -> Header:
         timestamp=timestamp,
         part=doc["part"],
         meta=meta,
-        body_sha256=doc["body_sha256"],
+        body_digest=doc["body_digest"],
         protocol=protocol,
     )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from typing import Any
 
+import blake3
 import msgpack
 import numpy as np
 import pytest
@@ -45,8 +45,23 @@ def guard() -> ReplayGuard:
     return ReplayGuard(clock=clock)
 
 
+def raw_body(table: Any, data: bytes = b"") -> bytes:
+    """A body from any table document: u32 length, msgpack table, padding, then `data` as given."""
+    packed = msgpack.packb(table, use_bin_type=True)
+    head = struct.pack("<I", len(packed)) + packed
+    return head + bytes(-len(head) % 64) + data if data else head
+
+
 def body_doc(tensors: dict[str, dict[str, Any]]) -> bytes:
-    return msgpack.packb({"tensors": tensors}, use_bin_type=True)
+    """A protocol-2 body laid out as the encoder does: each entry's `data` at the next multiple of 64."""
+    table = [{"name": name, **{k: v for k, v in e.items() if k != "data"}} for name, e in tensors.items()]
+    packed = msgpack.packb({"tensors": table}, use_bin_type=True)
+    out = bytearray(struct.pack("<I", len(packed)) + packed)
+    for e in tensors.values():
+        data = e.get("data", b"")
+        if data:
+            out += bytes(-len(out) % 64) + data
+    return bytes(out)
 
 
 def entry(dtype: str = "float32", shape: list[int] | None = None, data: bytes | None = None) -> dict[str, Any]:
@@ -59,21 +74,22 @@ def entry(dtype: str = "float32", shape: list[int] | None = None, data: bytes | 
 def header_doc(body: bytes, **over: Any) -> dict[str, Any]:
     doc = {
         "kind": "model", "sender": "alice", "recipient": "bob", "round": 1, "version": 1, "seq": 5,
-        "timestamp": NOW, "part": "full", "meta": {}, "body_sha256": hashlib.sha256(body).digest(),
+        "timestamp": NOW, "part": "full", "meta": {}, "body_digest": blake3.blake3(body).digest(),
     }
     doc.update(over)
     return doc
 
 
 def craft(body: bytes | None = None, *, key: NodeKey = KEY, header: Any = None, raw_header: bytes | None = None,
-          magic: bytes = b"P2FL", protocol: int = 1, **over: Any) -> bytes:
+          magic: bytes = b"P2FL", protocol: int = 2, **over: Any) -> bytes:
     """Build a frame by hand, correctly signed by `key` unless told otherwise."""
     if body is None:
         body = body_doc({"w": entry()})
     if raw_header is None:
         raw_header = msgpack.packb(header if header is not None else header_doc(body, **over), use_bin_type=True)
     signed = magic + struct.pack(">BI", protocol, len(raw_header)) + raw_header
-    return signed + key.sign(signed) + body
+    start = signed + key.sign(signed)
+    return start + bytes(-len(start) % 64) + body
 
 
 def open_(frame: bytes, *, replay: ReplayGuard | None = None, **kw: Any):
@@ -119,12 +135,12 @@ def test_oversized_genuine_message_is_413() -> None:
     "frame, match",
     [
         (b"", "shorter than"),
-        (b"P2FL\x01", "shorter than"),
+        (b"P2FL\x02", "shorter than"),
         (b"XXXX" + bytes(100), "bad magic"),
         (craft(magic=b"P2FM"), "bad magic"),
-        (craft(protocol=2), "protocol version 2"),
+        (craft(protocol=1), "protocol version 1 is not supported: this node speaks version 2"),
         (craft()[:80], "overruns"),
-        (b"P2FL\x01" + struct.pack(">I", 2**31) + bytes(100), "header length"),
+        (b"P2FL\x02" + struct.pack(">I", 2**31) + bytes(100), "header length"),
         (craft(raw_header=b"\xc1garbage"), "header is not valid msgpack"),
         (craft(raw_header=msgpack.packb([1, 2, 3])), "header must be a msgpack map"),
         (craft(raw_header=msgpack.packb({"kind": "model"})), "missing"),
@@ -137,14 +153,14 @@ def test_oversized_genuine_message_is_413() -> None:
         (craft(meta={"b": b"x"}), "non-JSON-like"),
         (craft(timestamp="now"), "'timestamp' must be"),
         (craft(timestamp=float("nan")), "must be finite"),
-        (craft(body_sha256=b"short"), "must be 32 bytes"),
-        (craft(body_sha256="00" * 32), "'body_sha256' must be bytes"),
+        (craft(body_digest=b"short"), "must be 32 bytes"),
+        (craft(body_digest="00" * 32), "'body_digest' must be bytes"),
         (craft(raw_header=msgpack.packb(msgpack.ExtType(1, b"x"))), "extension type"),
     ],
     ids=["empty", "truncated-prefix", "bad-magic", "bad-magic-signed", "protocol", "truncated", "huge-header-len",
          "header-not-msgpack", "header-not-map", "missing-fields", "extra-field", "round-str", "seq-bool",
-         "seq-negative", "sender-int", "meta-list", "meta-bytes", "timestamp-str", "timestamp-nan", "sha-short",
-         "sha-str", "ext-type"],
+         "seq-negative", "sender-int", "meta-list", "meta-bytes", "timestamp-str", "timestamp-nan", "digest-short",
+         "digest-str", "ext-type"],
 )
 def test_malformed_frame_or_header_is_400(frame: bytes, match: str) -> None:
     rejects(frame, MalformedMessage, 400, match)
@@ -201,13 +217,13 @@ def test_tampered_header_is_401() -> None:
 def test_tampered_body_is_401() -> None:
     frame = bytearray(craft(body_doc({"w": entry(data=np.array([1.0, 2.0], np.float32).tobytes())})))
     frame[-1] ^= 0x40  # flips a bit of the last float: still a well-formed body
-    rejects(bytes(frame), BadSignature, 401, "body sha256")
+    rejects(bytes(frame), BadSignature, 401, "body digest")
 
 
 def test_appended_and_truncated_body_are_401() -> None:
     frame = craft()
-    rejects(frame + b"\x00", BadSignature, 401, "body sha256")
-    rejects(frame[:-1], BadSignature, 401, "body sha256")
+    rejects(frame + b"\x00", BadSignature, 401, "body digest")
+    rejects(frame[:-1], BadSignature, 401, "body digest")
 
 
 # --- 400 / 415 / 422: body --------------------------------------------------------------
@@ -215,27 +231,32 @@ def test_appended_and_truncated_body_are_401() -> None:
 @pytest.mark.parametrize(
     "body, match",
     [
-        (b"\xc1", "body is not valid msgpack"),
-        (b"", "body is not valid msgpack"),
-        (msgpack.packb([1]), "single key 'tensors'"),
-        (msgpack.packb({"tensors": {}, "x": 1}), "single key 'tensors'"),
-        (msgpack.packb({"tensors": [1]}), "'tensors' must be a map"),
-        (body_doc({"w": [1]}), "must be a map with keys"),
-        (body_doc({"w": {"dtype": "float32", "shape": [1]}}), "must be a map with keys"),
+        (b"\xc1", "too short for its 4-byte table length"),
+        (b"", "too short for its 4-byte table length"),
+        (struct.pack("<I", 99) + b"\x80", "overruns the 5-byte body"),
+        (struct.pack("<I", 1) + b"\xc1", "tensor table is not valid msgpack"),
+        (raw_body([1]), "single key 'tensors'"),
+        (raw_body({"tensors": [], "x": 1}), "single key 'tensors'"),
+        (raw_body({"tensors": {}}), "'tensors' must be a list"),
+        (raw_body({"tensors": [[1]]}), "must be a map with keys"),
+        (raw_body({"tensors": [{"name": "w", "dtype": "float32"}]}), "must be a map with keys"),
         (body_doc({"w": {**entry(), "dtype": 5}}), "dtype must be a string"),
-        (body_doc({"w": {**entry(), "shape": [-1]}}), "non-negative ints"),
-        (body_doc({"w": {**entry(), "shape": [True]}}), "non-negative ints"),
-        (body_doc({"w": {**entry(), "shape": 2}}), "non-negative ints"),
-        (body_doc({"w": {**entry(), "data": "text"}}), "msgpack bin"),
-        (body_doc({"w": entry(data=bytes(7))}), "'w' has 7 data bytes, expected 8 for shape \\(2,\\) float32"),
-        (body_doc({"w": entry(shape=[2, 2], data=bytes(20))}), "20 data bytes, expected 16"),
-        (body_doc({"w": entry(shape=[], data=b"")}), "0 data bytes, expected 4"),
+        (body_doc({"w": {**entry(), "shape": [-1]}}), "shape must be a list of ints"),
+        (body_doc({"w": {**entry(), "shape": [True]}}), "shape must be a list of ints"),
+        (body_doc({"w": {**entry(), "shape": 2}}), "shape must be a list of ints"),
+        (raw_body({"tensors": [{"name": 3, "dtype": "float32", "shape": [2]}]}, bytes(8)), "name must be a string"),
+        (body_doc({"w": entry(data=bytes(7))}), "'w' \\(float32 \\[2\\]\\) overruns"),
+        (body_doc({"w": entry(shape=[2, 2], data=bytes(20))}), "4 bytes after the last tensor's data"),
+        (body_doc({"w": entry(shape=[], data=b"")}), "'w' \\(float32 \\[\\]\\) overruns"),
         (body_doc({"w": entry(shape=[1] * 9)}), "9 dims, limit is 8"),
         (body_doc({f"t{i}": entry() for i in range(513)}), "513 tensors, limit is 512"),
+        (raw_body({"tensors": [{"name": "w", "dtype": "float32", "shape": [2]}] * 2}, bytes(72)), "'w' appears twice"),
+        (body_doc({"w": entry(shape=[2**63, 0], data=b"")}), "shape must be a list of ints in"),
     ],
-    ids=["garbage", "empty", "not-map", "extra-key", "tensors-list", "entry-list", "entry-missing-data",
-         "dtype-int", "negative-dim", "bool-dim", "shape-int", "data-str", "short-data", "long-data",
-         "scalar-no-data", "too-many-dims", "too-many-tensors"],
+    ids=["garbage", "empty", "table-overrun", "table-not-msgpack", "not-map", "extra-key", "tensors-map",
+         "entry-list", "entry-missing-shape", "dtype-int", "negative-dim", "bool-dim", "shape-int", "name-int",
+         "short-data", "long-data", "scalar-no-data", "too-many-dims", "too-many-tensors", "duplicate-name",
+         "shape-overflow"],
 )
 def test_malformed_body_is_400(body: bytes, match: str) -> None:
     rejects(craft(body), MalformedMessage, 400, match)

@@ -126,14 +126,33 @@ def test_frame_layout() -> None:
     assert frame[4] == PROTOCOL_VERSION
     header_len = int.from_bytes(frame[5:9], "big")
     body = encode_body({"w": np.ones(3, np.float32)})
-    assert len(frame) == 9 + header_len + 64 + len(body.data)
-    assert frame.endswith(body.data)
+    start = 9 + header_len + 64
+    body_start = start + (-start % 64)  # zero padding: the body starts at a multiple of 64
+    assert frame[start:body_start] == bytes(body_start - start)
+    assert len(frame) == body_start + len(body.data) and frame.endswith(body.data)
+    table_len = int.from_bytes(body.data[:4], "little")
+    data_start = 4 + table_len + (-(4 + table_len) % 64)
+    assert body.data[data_start:] == np.ones(3, np.float32).tobytes()
+
+
+def test_tensor_data_is_aligned_and_not_copied_when_encoding() -> None:
+    arrays = {"a": np.arange(3, dtype=np.int8), "b": np.ones((5, 7), np.float64), "c": np.array(2.0, np.float32)}
+    body = encode_body(arrays)
+    views = [c for c in body.chunks if isinstance(c, memoryview)]
+    assert [np.frombuffer(v, np.uint8).ctypes.data for v in views] == [a.ctypes.data for a in arrays.values()]
+    frame = _frame(arrays)
+    msg = _open(frame)
+    for name, arr in arrays.items():
+        np.testing.assert_array_equal(msg.tensors[name], arr)
+    offsets = [msg.tensors[n].ctypes.data - msg.tensors["a"].ctypes.data for n in arrays]
+    assert all(o % 64 == 0 for o in offsets)
 
 
 def test_decoded_arrays_are_read_only_views_not_copies() -> None:
     arrays = {f"t{i}": np.full((64, 33), i, dtype=np.float32) for i in range(4)}
     arrays["scalar"] = np.array(1.0)
-    msg = _open(_frame(arrays))
+    frame = _frame(arrays)
+    msg = _open(frame)
     torch_views = msg.torch_tensors()
     for name, arr in msg.tensors.items():
         assert not arr.flags.writeable, name
@@ -141,10 +160,11 @@ def test_decoded_arrays_are_read_only_views_not_copies() -> None:
         root = arr
         while isinstance(root, np.ndarray):
             root = root.base
-        # The memory belongs to exactly one immutable msgpack bin holding this tensor's data:
-        # any astype/copy/np.array on the way would have produced an array owning its data.
-        assert isinstance(root, bytes), name
-        assert len(root) == arr.nbytes, name
+        if isinstance(root, memoryview):
+            root = root.obj
+        # The memory belongs to the received frame itself: any astype/copy/np.array on the
+        # way would have produced an array owning its data.
+        assert root is frame, name
         assert np.shares_memory(arr, np.frombuffer(root, dtype=np.uint8)), name
         # torch_tensors() must share memory too, not copy.
         assert torch_views[name].data_ptr() == arr.__array_interface__["data"][0], name

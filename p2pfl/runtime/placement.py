@@ -1,0 +1,68 @@
+"""Where a node's tensors live. The runtime alone moves tensors between host and device.
+
+* `node_device`: the scenario's `device` for node `index` ("cuda" spreads nodes over the
+  visible GPUs, node i on GPU i mod count; "cuda:N" pins one).
+* `to_device`: everything a strategy receives (peer parts, the coordinator's global model)
+  goes through it, so strategies never see a tensor on another device than their model.
+* `host_snapshot`: publishing copies a part to host memory once; the wire encodes that
+  copy without copying it again, and training may go on changing the model meanwhile.
+* `data_to_device`: a node's splits are moved once at start, so every training,
+  evaluation and influence batch is already where the model is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from p2pfl.data import NodeData, Split
+from p2pfl.errors import ConfigError
+
+
+def node_device(setting: str, index: int) -> torch.device:
+    """The device of node `index` for the scenario's `device` setting; a clear error if it does not exist."""
+    if setting == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device", f"{setting!r} was asked for but torch.cuda.is_available() is False on this machine")
+    count = torch.cuda.device_count()
+    if setting == "cuda":
+        return torch.device("cuda", index % count)
+    try:
+        device = torch.device(setting)
+    except RuntimeError as exc:
+        raise ConfigError("device", f"expected 'cpu', 'cuda' or 'cuda:N', got {setting!r} ({exc})") from None
+    if device.type != "cuda" or device.index is None:
+        raise ConfigError("device", f"expected 'cpu', 'cuda' or 'cuda:N', got {setting!r}")
+    if device.index >= count:
+        raise ConfigError("device", f"{setting!r} does not exist: this machine has {count} visible GPU(s)")
+    return device
+
+
+def to_device(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors on `device` (no copy for those already there)."""
+    return {name: t.to(device, non_blocking=True) for name, t in tensors.items()}
+
+
+def host_snapshot(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous host copies, detached from the model: what the wire may reference while training goes on."""
+    # copy=True also on the host, where .to("cpu") would return the model's own tensor;
+    # contiguous_format so the wire can take each as one buffer.
+    return {name: t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for name, t in tensors.items()}
+
+
+def device_of(module: torch.nn.Module) -> torch.device:
+    first = next(module.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def split_to_device(split: Split, device: torch.device) -> Split:
+    return Split(split.x.to(device), split.y.to(device))
+
+
+def data_to_device(data: NodeData, device: torch.device) -> NodeData:
+    return NodeData(
+        index=data.index, train=split_to_device(data.train, device), val=split_to_device(data.val, device),
+        test=split_to_device(data.test, device), domain=data.domain,
+    )
