@@ -72,12 +72,14 @@ class ModelPool:
 
     def distances(self, reference: int) -> np.ndarray:
         """||theta_j - theta_ref||_2 over all float tensors, for every member j."""
-        total = torch.zeros(self.size, dtype=torch.float64)
+        total: torch.Tensor | float = 0.0
         for v in self.stacked.values():
             if v.is_floating_point():
                 diff = (v - v[reference]).to(torch.float64).reshape(self.size, -1)
-                total += (diff * diff).sum(1)
-        return total.sqrt().numpy()
+                total = total + (diff * diff).sum(1)
+        if isinstance(total, float):
+            return np.zeros(self.size)
+        return total.sqrt().cpu().numpy()
 
     @torch.no_grad()
     def evaluate(self, members: Sequence[int], split: Any, batch_size: int = 1024) -> tuple[float, float]:

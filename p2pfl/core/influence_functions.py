@@ -291,9 +291,11 @@ def lissa(
 
 
 def top_eigenvalue(matvec: MatVec, dim: int, *, iterations: int = 20, generator: torch.Generator | None = None,
-                   dtype: torch.dtype = torch.float32) -> float:
-    """|λ|_max of a symmetric operator by power iteration (to pick a LiSSA scale)."""
-    v = torch.randn(dim, generator=generator, dtype=dtype)
+                   dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> float:
+    """|λ|_max of a symmetric operator by power iteration (to pick a LiSSA scale).
+
+    The start vector is drawn on the host (where `generator` lives) and moved to `device`."""
+    v = torch.randn(dim, generator=generator, dtype=dtype).to(device)
     v /= v.norm()
     estimate = 0.0
     for _ in range(iterations):
@@ -341,7 +343,8 @@ def inverse_hvp(
     if solver == "cg":
         return conjugate_gradient(lambda p: surface.hvp(p, method), v, damping=damping, max_iterations=iterations, tol=tol)
     if lissa_scale is None:
-        top = top_eigenvalue(lambda p: surface.hvp(p, method), surface.dim, generator=generator, dtype=surface.point.dtype)
+        top = top_eigenvalue(lambda p: surface.hvp(p, method), surface.dim, generator=generator,
+                             dtype=surface.point.dtype, device=surface.point.device)
         lissa_scale = 1.1 * (top + damping)
     n = len(surface)
 

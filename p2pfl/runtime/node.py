@@ -71,6 +71,8 @@ class Node:
         )
         self.model = prepare_model(model, self.privacy) if self.privacy is not None else model
         self.trainer = LocalTrainer(sc.train, device=self.device, seed=seed, privacy=self.privacy)
+        # Start-up cost belongs to start-up, not to round 1 (see LocalTrainer.warm_up).
+        self.trainer.warm_up(self.model, self.data.train, self.data.test)
         self.strategy = build_strategy(sc.algorithm.name, sc.algorithm.params)
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
         self.counter = ByteCounter()
@@ -270,6 +272,7 @@ class Node:
             "status": status,
             "error": error,
             "domain": self.data.domain,
+            "device": str(self.device),
             "n_train": len(self.data.train),
             "n_val": len(self.data.val),
             "n_test": len(self.data.test),

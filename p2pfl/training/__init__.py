@@ -172,6 +172,30 @@ class LocalTrainer:
                 p.requires_grad_(True)
         return FitResult(loss=last_epoch_loss / max(last_epoch_n, 1), steps=steps, samples=samples)
 
+    def warm_up(self, model: nn.Module, split: Any, eval_split: Any, eval_batch_size: int = 1024) -> None:
+        """One training-sized forward/backward and one evaluation-sized forward, changing nothing.
+
+        The first pass at each batch shape pays one-off costs (kernel selection, allocator
+        growth, lazy imports: torch's first optimizer imports torch._dynamo); a node runs
+        this at start-up so that they are not charged to round 1."""
+        self.make_optimizer(model.parameters())
+        x, y = _split_tensors(split)
+        if len(y) == 0:
+            return
+        model.to(self.device)
+        was_training = model.training
+        model.eval()  # no running statistics (BatchNorm) may change
+        try:
+            n = min(self.config.batch_size, len(y))
+            nn.functional.cross_entropy(model(x[:n].to(self.device)), y[:n].to(self.device)).backward()
+            ex, _ = _split_tensors(eval_split)
+            with torch.no_grad():
+                if len(ex):
+                    model(ex[:eval_batch_size].to(self.device))
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Any, batch_size: int = 1024) -> tuple[float, float]:
         """(accuracy, mean cross-entropy) of `model` on `split`."""

@@ -53,7 +53,7 @@ ALIGN = 64
 DIGEST_BYTES = 32
 _TABLE_LEN = struct.Struct("<I")
 _ENTRY_KEYS = frozenset({"name", "dtype", "shape"})
-# BLAKE3 spreads one digest over all cores; below this size threads cost more than they save.
+# BLAKE3 spreads one update over all cores; below this size threads cost more than they save.
 _THREADED_DIGEST_BYTES = 1 << 20
 _ZERO_PAD = bytes(ALIGN)
 
@@ -64,9 +64,13 @@ def padding(offset: int) -> int:
 
 
 def digest(chunks: Sequence[bytes | memoryview]) -> bytes:
-    """BLAKE3 of the concatenation of `chunks`, hashed in place (multi-threaded for large inputs)."""
+    """BLAKE3 of the concatenation of `chunks`, hashed in place.
+
+    Multi-threaded only when the chunks are large on average: each threaded `update` pays a
+    dispatch, which costs more than it saves on the many small tensors of a small model."""
     total = sum(memoryview(c).nbytes for c in chunks)
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if total >= _THREADED_DIGEST_BYTES else 1)
+    threaded = total >= _THREADED_DIGEST_BYTES and total >= _THREADED_DIGEST_BYTES * len(chunks)
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if threaded else 1)
     for chunk in chunks:
         hasher.update(chunk)
     return hasher.digest()

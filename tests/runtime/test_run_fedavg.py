@@ -9,7 +9,9 @@ import torch
 
 from p2pfl.data import DataSpec, build_partition
 from p2pfl.models import build_model, part_state
+from p2pfl.report import make_report
 from p2pfl.runtime.checkpoint import load_checkpoint
+from p2pfl.runtime.timing import PHASES, compute_fraction
 from p2pfl.scenario.launcher import run_scenario
 from p2pfl.wire import NodeKey, encode_body
 
@@ -69,3 +71,19 @@ def test_bytes_match_model_size_times_messages(fedavg_run):
     total_param_sent = sum(n["totals"]["param_bytes_sent"] for n in results["nodes"])
     total_param_received = sum(n["totals"]["param_bytes_received"] for n in results["nodes"])
     assert total_param_sent == total_param_received == 2 * 3 * peers * model_bytes
+
+
+def test_round_time_is_split_into_phases_that_sum_to_the_wall(fedavg_run):
+    run, results, _ = fedavg_run
+    for n in results["nodes"]:
+        for r in n["rounds"]:
+            phases = r["time"]
+            assert set(phases) == {f"{p}_s" for p in PHASES}
+            assert all(v >= 0 for v in phases.values())
+            assert sum(phases.values()) == pytest.approx(r["wall_s"], rel=0.05)
+            assert phases["train_s"] > 0 and phases["evaluate_s"] > 0 and phases["exchange_s"] > 0
+    expected = compute_fraction(r for n in results["nodes"] for r in n["rounds"])
+    assert results["summary"]["compute_fraction"] == pytest.approx(expected)
+    assert 0 < expected <= 1
+    picture = run / "report" / "round_time.png"
+    assert picture in make_report(run) and picture.stat().st_size > 10_000

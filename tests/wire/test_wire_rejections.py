@@ -339,3 +339,18 @@ def test_peek_header_does_not_verify() -> None:
 def test_error_messages_truncate_hostile_names() -> None:
     err = rejects(craft(sender="m" * 10_000), UnknownSender, 403)
     assert len(str(err)) < 200
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("size", [1, 7, 65_535, 65_536, 65_537, 200_003])
+def test_all_finite_agrees_with_isfinite_anywhere_in_large_tensors(dtype: str, size: int) -> None:
+    from p2pfl.wire.body import all_finite
+
+    rng = np.random.default_rng(size)
+    base = rng.uniform(-1, 1, size).astype(dtype) * np.finfo(dtype).max  # huge but finite values
+    assert all_finite(base)
+    for position in {0, size // 2, size - 1, max(size - 65_536, 0)}:
+        for bad in (np.nan, np.inf, -np.inf):
+            arr = base.copy()
+            arr[position] = bad
+            assert all_finite(arr) == bool(np.isfinite(arr).all()) is False, (position, bad)

@@ -1,0 +1,115 @@
+"""The runtime, not the strategies, puts peer tensors where the model is.
+
+CI has no GPU, so the model is put on PyTorch's `meta` device: like a GPU it is not where
+the wire decodes (host memory), and a tensor the runtime forgot to move stays on the CPU,
+which is exactly the bug that crashed most algorithms on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2pfl.coordinator.service import Coordinator
+from p2pfl.errors import ConfigError
+from p2pfl.models import part_state
+from p2pfl.runtime.config import load_node_config
+from p2pfl.runtime.node import Node
+from p2pfl.runtime.placement import device_of, host_snapshot, node_device
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch
+from p2pfl.scenario.launcher import write_run_folder
+from p2pfl.scenario.schema import load_scenario
+
+from .helpers import write_tiny
+
+META = torch.device("meta")
+
+
+def _nodes(tmp_path: Path, algorithm: str = "fedavg") -> tuple[list[Node], Path | None]:
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, samples=40, algorithm=algorithm, timeout=5.0))
+    paths, coordinator = write_run_folder(scenario, tmp_path / "run")
+    return [Node(load_node_config(p), scenario) for p in paths], coordinator
+
+
+def _on_meta(node: Node) -> None:
+    node.model.to(META)
+    node.device = META
+
+
+def assert_on_model_device(node: Node, tensors: dict[str, torch.Tensor]) -> None:
+    want = device_of(node.model)
+    assert tensors, "nothing arrived"
+    wrong = {k: str(v.device) for k, v in tensors.items() if v.device != want}
+    assert not wrong, f"the runtime handed the strategy tensors on another device than the model's ({want}): {wrong}"
+
+
+def test_fetched_and_pushed_parts_arrive_on_the_model_device(tmp_path: Path) -> None:
+    (a, b), _ = _nodes(tmp_path)
+    state = host_snapshot(part_state(a.model, "full"))
+    _on_meta(b)
+
+    async def scenario() -> None:
+        await a.endpoint.start(a.config.host, a.config.port)
+        await b.endpoint.start(b.config.host, b.config.port)
+        try:
+            await a.endpoint.publish(1, 1, {"full": state}, {"n_train": 5})
+            arrived = await b.gather([Fetch(a.config.id, "full")], 1)
+            assert [m.sender for m in arrived] == [a.config.id]
+            assert_on_model_device(b, arrived[0].tensors)
+            # A push lands in the cache the next gather reads from: on the model's device too.
+            assert await a.endpoint.push(b.config.id, kind="model", part="head", round_=2, version=2,
+                                         tensors=host_snapshot(part_state(a.model, "head")), meta={}, timeout=5)
+            cached = await b.gather([Fetch(a.config.id, "head")], 2)
+            assert_on_model_device(b, cached[0].tensors)
+        finally:
+            await a.endpoint.close()
+            await b.endpoint.close()
+
+    asyncio.run(scenario())
+
+
+def test_coordinator_submissions_are_on_its_device(tmp_path: Path) -> None:
+    (a, _), coordinator_path = _nodes(tmp_path, algorithm="fedavg_global")
+    assert coordinator_path is not None
+    coordinator = Coordinator(load_node_config(coordinator_path))
+    coordinator.model.to(META)
+    coordinator.device = META
+
+    async def scenario() -> None:
+        await coordinator.endpoint.start(coordinator.config.host, coordinator.config.port)
+        await a.endpoint.start(a.config.host, a.config.port)
+        try:
+            assert await a.endpoint.push(COORDINATOR_ID, kind="stats", part="full", round_=1, version=1,
+                                         tensors=host_snapshot(part_state(a.model, "full")),
+                                         meta={"n_train": 3}, timeout=5)
+        finally:
+            await a.endpoint.close()
+            await coordinator.endpoint.close()
+
+    asyncio.run(scenario())
+    (submission,) = coordinator.submissions[1].values()
+    assert {t.device for t in submission.state.values()} == {device_of(coordinator.model)}
+
+
+def test_published_snapshot_is_a_host_copy_that_training_cannot_change() -> None:
+    weights = {"w": torch.ones(3, 4).t()}  # not contiguous
+    snapshot = host_snapshot(weights)
+    weights["w"].add_(1)
+    assert snapshot["w"].device.type == "cpu" and snapshot["w"].is_contiguous()
+    assert torch.equal(snapshot["w"], torch.ones(4, 3))
+
+
+def test_device_settings() -> None:
+    assert node_device("cpu", 7) == torch.device("cpu")
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        assert [node_device("cuda", i).index for i in range(2 * count)] == list(range(count)) * 2
+        with pytest.raises(ConfigError, match="visible GPU"):
+            node_device(f"cuda:{count}", 0)
+    else:
+        with pytest.raises(ConfigError, match="torch.cuda.is_available\\(\\) is False") as err:
+            node_device("cuda", 0)
+        assert err.value.field == "device"

@@ -1,0 +1,56 @@
+"""The phase clock charges every second to one phase; the warm-up changes nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from p2pfl.data import Split
+from p2pfl.models import cnn
+from p2pfl.runtime.timing import PhaseClock, compute_fraction
+from p2pfl.training import LocalTrainer, TrainConfig
+
+
+def test_phase_clock_charges_the_running_phase_and_syncs_at_each_switch() -> None:
+    syncs = []
+    clock = PhaseClock(sync=lambda: syncs.append(1))
+    started = time.perf_counter()
+    clock.switch("train")
+    time.sleep(0.05)
+    clock.switch("exchange")
+    time.sleep(0.02)
+    clock.switch("train")
+    time.sleep(0.01)
+    seconds = clock.stop()
+    wall = time.perf_counter() - started
+    assert seconds["train_s"] == pytest.approx(0.06, abs=0.02)
+    assert seconds["exchange_s"] == pytest.approx(0.02, abs=0.02)
+    assert seconds["privacy_s"] == seconds["publish_s"] == 0
+    assert sum(seconds.values()) == pytest.approx(wall, abs=1e-3)
+    assert len(syncs) == 3  # leaving train, exchange, train
+    with pytest.raises(ValueError, match="unknown phase 'gpu'"):
+        PhaseClock().switch("gpu")
+
+
+def test_compute_fraction_is_compute_phases_over_wall() -> None:
+    rounds = [
+        {"wall_s": 2.0, "time": {"train_s": 1.0, "evaluate_s": 0.2, "aggregate_s": 0.3, "exchange_s": 0.5}},
+        {"wall_s": 1.0, "time": {"train_s": 0.5, "exchange_s": 0.5}},
+        {"wall_s": 9.0},  # no time record: not counted
+    ]
+    assert compute_fraction(rounds) == pytest.approx(2.0 / 3.0)
+    assert compute_fraction([]) is None
+
+
+def test_warm_up_changes_neither_parameters_nor_gradients() -> None:
+    torch.manual_seed(0)
+    model = cnn(1, 28, 10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    split = Split(torch.rand(50, 1, 28, 28), torch.randint(0, 10, (50,)))
+    LocalTrainer(TrainConfig()).warm_up(model, split, split)
+    assert model.training
+    assert all(p.grad is None for p in model.parameters())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
