@@ -228,6 +228,11 @@ class Node:
         goodbye = ""
         try:
             await asyncio.to_thread(self.strategy.setup, self.ctx)
+            # Not a barrier: a node starts round 1 once its peers are up or start_wait_s has
+            # passed, so that peers still starting (importing torch) do not slow its first round.
+            silent = await self.endpoint.wait_until_up(set(self.endpoint.urls), sc.runtime.start_wait_s)
+            if silent:
+                self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.runtime.start_wait_s)
             for r in range(1, sc.rounds + 1):
                 if self.privacy is not None and self.privacy.exhausted():
                     status = "budget_exhausted"

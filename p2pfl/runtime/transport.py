@@ -341,6 +341,20 @@ class Endpoint:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
 
+    async def wait_until_up(self, peers: set[str], seconds: float) -> set[str]:
+        """Poll `peers`' status until each has answered once, or `seconds` pass; returns those still silent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        silent = set(peers)
+        while silent and loop.time() < deadline:
+            names = sorted(silent)
+            statuses = await asyncio.gather(*(self.status_of(p, timeout=max(0.1, min(2.0, deadline - loop.time())))
+                                              for p in names))
+            silent = {p for p, s in zip(names, statuses) if s is None}
+            if silent:
+                await asyncio.sleep(min(self.retry_s, max(deadline - loop.time(), 0)))
+        return silent
+
     async def linger(self, peers: set[str], seconds: float) -> None:
         """Keep serving until every peer in `peers` reports done or stops answering, or `seconds` pass."""
         loop = asyncio.get_running_loop()

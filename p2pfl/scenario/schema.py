@@ -76,6 +76,7 @@ class RuntimeSpec:
     accept_stale: bool = True         # use a peer's older version when the wanted one is late
     torch_threads: int = 1            # 2 cores are shared by all node processes
     linger_s: float = 60.0            # keep serving after the last round until peers are done
+    start_wait_s: float = 30.0        # before round 1, wait this long at most for every peer to be up
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
 
@@ -83,6 +84,8 @@ class RuntimeSpec:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"runtime.{name}", f"must be > 0, got {getattr(self, name)}")
+        if not self.start_wait_s >= 0:
+            raise ConfigError("runtime.start_wait_s", f"must be >= 0, got {self.start_wait_s}")
         if self.torch_threads < 1:
             raise ConfigError("runtime.torch_threads", f"must be >= 1, got {self.torch_threads}")
 
