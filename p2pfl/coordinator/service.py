@@ -22,6 +22,7 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model, load_part, part_spec
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.metadata import STATS_META
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
 from p2pfl.runtime.transport import Endpoint
 from p2pfl.scenario.schema import Scenario, load_scenario
@@ -57,6 +58,7 @@ class Coordinator:
             urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
             expected_for=lambda kind, part: self.spec if kind == "stats" else None,
+            meta_schema_for=lambda kind, part: STATS_META if kind == "stats" else None,
             on_message=self._on_stats, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
             on_departed=self._on_departed,
             max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
@@ -142,7 +144,7 @@ class Coordinator:
         result = {
             "id": cfg.id, "status": status, "error": error, "rounds": self.rounds,
             "held_out_domain": self.partition.held_out_domain, "totals": self.counter.totals(),
-            "rejected": [{"sender": s, "status": c, "reason": r} for s, c, r in self.endpoint.rejected],
+            "rejected": self.endpoint.rejections.summary(),
             "wall_s": time.perf_counter() - started,
         }
         (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)

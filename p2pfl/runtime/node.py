@@ -28,6 +28,7 @@ from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import save_checkpoint
 from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
 from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, Push, RoundContext
 from p2pfl.runtime.timing import PhaseClock
@@ -38,6 +39,11 @@ from p2pfl.wire import Message, NodeKey, Roster, WireLimits
 
 PROGRESS_PREFIX = "P2PFL-PROGRESS "
 PEER_PARTS = ("body", "head", "full")
+
+
+class PushRefused(ValueError):
+    status = 409
+    reason = "unsolicited_push"
 
 
 def node_seed(scenario_seed: int, index: int) -> int:
@@ -78,8 +84,8 @@ class Node:
         self.counter = ByteCounter()
         self.round = 0
         self.done = False
-        self.status_text = "starting"
-        self.peer_cache: dict[tuple[str, str], PeerModel] = {}
+        # (peer, part) -> the push that may answer this round's fetch of it, while gather waits.
+        self.awaiting: dict[tuple[str, str], asyncio.Future[PeerModel]] = {}
         key = NodeKey.load(config.key_file)
         ids = {pid: info.public_key for pid, info in config.peers.items()}
         if config.coordinator is not None:
@@ -90,7 +96,8 @@ class Node:
         self.endpoint = Endpoint(
             node_id=config.id, key=key, roster=Roster(ids), urls=urls, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
-            expected_for=self._expected, on_message=self._on_push, status=self._status,
+            expected_for=self._expected, meta_schema_for=self._meta_schema, on_message=self._on_push,
+            status=self._status,
             on_departed=self._on_departed,
             max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
         )
@@ -110,15 +117,21 @@ class Node:
             return self.specs["full"]
         return self.specs.get(part)
 
+    def _meta_schema(self, kind: str, part: str) -> Schema | None:
+        if kind != "model":
+            return None
+        return GLOBAL_META if part == "global" else MODEL_META
+
     def _on_push(self, message: Message) -> None:
-        """A peer pushed a part: keep the newest version per (sender, part) for the next gather."""
+        """A peer pushed a part. Taken only while this node's gather waits for exactly that
+        (sender, part), at a version within one round of its own; it then answers the fetch."""
         h = message.header
-        if h.sender == COORDINATOR_ID and h.part != "global":
-            raise ValueError("the coordinator only pushes the global model")
-        current = self.peer_cache.get((h.sender, h.part))
-        if current is not None and current.version >= h.version:
-            raise ValueError(f"version {h.version} of {h.sender}/{h.part} is not newer than {current.version}")
-        self.peer_cache[(h.sender, h.part)] = self._peer_model(message)
+        waiting = self.awaiting.get((h.sender, h.part))
+        if waiting is None or waiting.done():
+            raise PushRefused(f"{h.sender}/{h.part} was not asked for (this node is in round {self.round})")
+        if not self.round - 1 <= h.version <= self.round + 1:
+            raise PushRefused(f"version {h.version} of {h.sender}/{h.part} is not within one round of {self.round}")
+        waiting.set_result(self._peer_model(message))
 
     def _peer_model(self, message: Message) -> PeerModel:
         """A verified message as a strategy sees it: every tensor already on this node's device."""
@@ -130,29 +143,43 @@ class Node:
         self.ctx.departed.add(peer)
 
     def _status(self) -> dict[str, Any]:
-        return {"id": self.config.id, "round": self.round, "done": self.done, "status": self.status_text}
+        # Public (unauthenticated): liveness and round only.
+        return {"id": self.config.id, "round": self.round, "done": self.done}
 
     # ---- the round loop -------------------------------------------------------------------
     async def gather(self, fetches: list[Fetch], round_: int) -> list[PeerModel]:
         timeout = self.scenario.runtime.fetch_timeout_s
+        loop = asyncio.get_running_loop()
+        self.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in self.endpoint.urls}
 
         async def one(fetch: Fetch) -> PeerModel | None:
             if fetch.peer not in self.endpoint.urls:
                 self.log.warning("strategy asked for unknown peer %r", fetch.peer)
                 return None
-            cached = self.peer_cache.get((fetch.peer, fetch.part))
-            if cached is not None and cached.version >= round_:
-                return cached
             # The coordinator waits up to `timeout` for stragglers itself, so its answer may take longer.
             wait = 2 * timeout if fetch.peer == COORDINATOR_ID else timeout
-            message = await self.endpoint.fetch(fetch.peer, fetch.part, round_, wait)
+            fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, round_, wait))
+            pushed = self.awaiting[(fetch.peer, fetch.part)]
+            try:
+                await asyncio.wait({fetched, pushed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not fetched.done():
+                    fetched.cancel()
+            if pushed.done():
+                return pushed.result()
+            message = fetched.result()
             if message is None:
                 return None
             if message.header.version < round_ and not self.scenario.runtime.accept_stale:
                 return None
             return self._peer_model(message)
 
-        results = await asyncio.gather(*(one(f) for f in fetches))
+        try:
+            results = await asyncio.gather(*(one(f) for f in fetches))
+        finally:
+            for waiting in self.awaiting.values():
+                waiting.cancel()
+            self.awaiting = {}
         arrived = [r for r in results if r is not None]
         self.ctx.unreachable = {f.peer for f, r in zip(fetches, results) if r is None} | self.ctx.departed
         return arrived
@@ -176,7 +203,6 @@ class Node:
         self.artefacts.begin_round(r)
         clock.switch("train")
         ctx.round_start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.status_text = "training"
         fit = await asyncio.to_thread(strategy.fit, ctx)
         clock.switch("privacy")
         if self.privacy is not None:
@@ -189,15 +215,15 @@ class Node:
         if strategy.shared_parts:
             parts = {p: host_snapshot(part_state(self.model, p)) for p in strategy.shared_parts}
             await self.endpoint.publish(r, r, parts, meta)
-        self.status_text = "exchanging"
         clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
         pushes = await asyncio.to_thread(strategy.pushes, ctx)
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
         arrived = await self.gather(strategy.configure_fetch(ctx), r)
-        self.status_text = "aggregating"
         clock.switch("aggregate")
+        before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
+        refused = self._refuse_non_finite(before)
         clock.switch("evaluate")
         acc_agg, _ = self.trainer.evaluate(self.model, self.data.test)
         time_record = clock.stop()
@@ -216,7 +242,20 @@ class Node:
             "stale": sorted(m.sender for m in arrived if m.version < r),
             "strategy": dict(self.artefacts.records),
         }
+        if refused is not None:
+            record["aggregate_refused"] = refused
         return record
+
+    def _refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
+        """Keep the pre-aggregation model when the aggregate holds NaN or Inf (peers' values can
+        be finite and still overflow a weighted sum); returns why, or None when it was fine."""
+        bad = [k for k, v in self.model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if not bad:
+            return None
+        self.model.load_state_dict(before)
+        reason = f"aggregate has non-finite values in {len(bad)} tensors ({', '.join(bad[:3])}); kept the model from before it"
+        self.log.warning("round %d: %s", self.round, reason)
+        return reason
 
     async def run(self) -> dict[str, Any]:
         cfg, sc = self.config, self.scenario
@@ -251,7 +290,6 @@ class Node:
             goodbye = f"failed in round {self.round}: {exc!r}"
             self.log.error("node failed:\n%s", error)
         self.done = True
-        self.status_text = status
         if status != "ok":
             # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
             await self.endpoint.store.withdraw()
@@ -286,7 +324,7 @@ class Node:
             "final_test_acc_aggregated": last.get("test_acc_aggregated"),
             "final_epsilon": last.get("epsilon"),
             "totals": self.counter.totals(),
-            "rejected": [{"sender": s, "status": c, "reason": r} for s, c, r in self.endpoint.rejected],
+            "rejected": self.endpoint.rejections.summary(),
             "wall_s": wall_s,
         }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -20,7 +21,10 @@ import aiohttp
 from aiohttp import web
 
 from p2pfl.runtime.accounting import CONTROL, ByteCounter
+from p2pfl.runtime.metadata import GOODBYE_META, Schema, check_meta
+from p2pfl.runtime.rejections import UNVERIFIED, RejectionLog, sender_label
 from p2pfl.wire import (
+    PREFIX_BYTES,
     EncodedBody,
     Frame,
     Message,
@@ -29,17 +33,92 @@ from p2pfl.wire import (
     Roster,
     WireError,
     WireLimits,
+    authenticate_head,
     encode_body,
+    head_length,
     open_message,
-    peek_header,
     seal,
     seal_frame,
 )
+from p2pfl.wire.errors import quote
+from p2pfl.wire.request import AUTH_HEADER, request_for, verify_request
 
 CONTENT_TYPE = "application/x-p2pfl"
 REJECTED = "rejected"  # bytes of messages that failed validation still crossed the wire
 GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
 ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
+MAX_WAIT_S = 600.0
+MAX_VERSION = 2**62
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one node's HTTP server grants to anybody, verified or not."""
+
+    read_timeout_s: float = 30.0       # to send the request's headers, and then its body
+    max_connections: int = 512         # open connections in total; more are closed at once
+    max_requests_per_peer: int = 16    # concurrent reads per verified requester (long-polls included)
+
+
+class GuardedProtocol(asyncio.Protocol):
+    """Wraps aiohttp's per-connection handler: caps open connections and closes a connection
+    whose request headers have not arrived within `read_timeout_s`. (aiohttp itself waits for
+    headers forever; a connection that never sends any would hold a file descriptor.)"""
+
+    def __init__(self, inner: asyncio.Protocol, endpoint: Endpoint) -> None:
+        self.inner = inner
+        self.endpoint = endpoint
+        self.transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        ep = self.endpoint
+        if len(ep.connections) >= ep.server_limits.max_connections:
+            ep.rejections.add(UNVERIFIED, 503, "too_many_connections",
+                              f"connection refused: {len(ep.connections)} open, limit {ep.server_limits.max_connections}")
+            transport.close()
+            return
+        ep.connections.add(self)
+        self._arm()
+        self.inner.connection_made(transport)
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.endpoint.server_limits.read_timeout_s, self._headers_timed_out)
+
+    def _headers_timed_out(self) -> None:
+        self.endpoint.rejections.add(UNVERIFIED, 408, "header_timeout",
+                                     f"no complete request headers within {self.endpoint.server_limits.read_timeout_s:g} s")
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._timer is not None:
+            # Headers end at the first blank line; after that the handler's own timeouts apply.
+            seen = self._tail + data
+            if b"\r\n\r\n" in seen:
+                self._timer.cancel()
+                self._timer = None
+            self._tail = seen[-3:]
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self in self.endpoint.connections:
+            self.endpoint.connections.discard(self)
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
 
 
 @dataclass(frozen=True)
@@ -92,9 +171,11 @@ class Endpoint:
         expected_for: Callable[[str, str], ExpectedSpec | None],
         on_message: Callable[[Message], None],
         status: Callable[[], dict[str, Any]],
+        meta_schema_for: Callable[[str, str], Schema | None] = lambda kind, part: None,
         on_departed: Callable[[str, str], None] | None = None,
         max_skew_s: float = 300.0,
         retry_s: float = 0.25,
+        server_limits: ServerLimits = ServerLimits(),
         log: logging.Logger | None = None,
     ) -> None:
         self.node_id = node_id
@@ -104,6 +185,7 @@ class Endpoint:
         self.counter = counter
         self.limits = limits
         self.expected_for = expected_for
+        self.meta_schema_for = meta_schema_for
         self.on_message = on_message
         self.status = status
         self.on_departed = on_departed
@@ -116,28 +198,45 @@ class Endpoint:
         self.store = PartStore()
         self._seq = itertools.count(1)
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._session: aiohttp.ClientSession | None = None
-        self.rejected: list[tuple[str, int, str]] = []  # (sender or '?', status, reason)
+        self.server_limits = server_limits
+        self.connections: set[GuardedProtocol] = set()
+        self._reads_by_peer: dict[str, int] = {}
+        self.rejections = RejectionLog(self.log)
 
     # ---- server -----------------------------------------------------------------------
+    @property
+    def rejected(self) -> RejectionLog:
+        return self.rejections
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.limits.max_message_bytes)
+        app = web.Application(client_max_size=self.limits.max_message_bytes, middlewares=[self._no_server_errors])
         app.router.add_get("/v1/parts/{part}", self._serve_part)
         app.router.add_post("/v1/inbox", self._inbox)
         app.router.add_get("/v1/status", self._status)
         return app
 
     async def start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        # auto_decompress=False: a compressed body must be refused, not inflated by the parser first.
+        self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=15.0, auto_decompress=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: GuardedProtocol(server(), self), host, port, reuse_address=True)
         self._session = aiohttp.ClientSession()
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._server is not None:
+            self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -150,22 +249,49 @@ class Endpoint:
         bodies = await asyncio.to_thread(lambda: {name: encode_body(t) for name, t in parts.items()})
         await self.store.publish(Published(version, round_, bodies, dict(meta)))
 
-    async def _serve_part(self, request: web.Request) -> web.Response:
+    @web.middleware
+    async def _no_server_errors(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        """No request path answers 5xx: an exception a handler did not foresee is the request's fault."""
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - turned into a 400 with the reason
+            return self._reject(UNVERIFIED, 400, f"unhandled {type(exc).__name__}: {exc}", kind="unhandled")
+
+    async def _serve_part(self, request: web.Request) -> web.StreamResponse:
         part = request.match_info["part"]
-        requester = request.query.get("requester", "")
-        if requester not in self.roster:
-            return self._reject(requester or "?", 403, f"unknown requester {requester!r}")
         try:
             min_version = int(request.query.get("min_version", "0"))
-            wait = min(float(request.query.get("wait", "0")), 600.0)
+            wait = float(request.query.get("wait", "0"))
         except ValueError:
-            return self._reject(requester, 400, "min_version and wait must be numbers")
-        published = await self.store.wait_for(min_version, wait)
+            return self._reject(UNVERIFIED, 400, "min_version must be an integer and wait a number", kind="bad_query")
+        if not 0 <= min_version <= MAX_VERSION:
+            return self._reject(UNVERIFIED, 400, f"min_version must be in [0, 2**62], got {min_version}", kind="bad_query")
+        if not (math.isfinite(wait) and 0 <= wait <= MAX_WAIT_S):
+            return self._reject(UNVERIFIED, 400, f"wait must be a number of seconds in [0, {MAX_WAIT_S:g}], got {wait}",
+                                kind="bad_query")
+        try:
+            signed = verify_request(request.headers.get(AUTH_HEADER), roster=self.roster, target=self.node_id,
+                                    part=part, min_version=min_version, replay=self.replay)
+        except WireError as exc:
+            return self._reject(UNVERIFIED, exc.status, f"read of {quote(part, 20)}: {exc}", kind=exc.reason)
+        requester = signed.requester
+        if self._reads_by_peer.get(requester, 0) >= self.server_limits.max_requests_per_peer:
+            return self._reject(requester, 429, f"{self._reads_by_peer[requester]} reads from {requester} already waiting",
+                                kind="too_many_requests")
+        self._reads_by_peer[requester] = self._reads_by_peer.get(requester, 0) + 1
+        try:
+            published = await self.store.wait_for(min_version, wait)
+        finally:
+            self._reads_by_peer[requester] -= 1
         if published is None:
             return web.Response(status=204)
         body = published.bodies.get(part)
         if body is None:
-            return web.Response(status=404, text=f"{self.node_id} does not share part {part!r}")
+            return web.Response(status=404, text=f"{self.node_id} does not share part {quote(part, 40)}")
         frame = seal_frame(
             key=self.key, kind="model", sender=self.node_id, recipient=requester, round=published.round,
             version=published.version, seq=self.next_seq(), part=part, meta=published.meta, body=body,
@@ -173,34 +299,60 @@ class Endpoint:
         self.counter.sent(part, frame.nbytes, frame.param_bytes)
         return await _stream(request, frame)
 
+    async def _read_exactly(self, request: web.Request, n: int) -> bytes:
+        return await asyncio.wait_for(request.content.readexactly(n), timeout=self.server_limits.read_timeout_s)
+
     async def _inbox(self, request: web.Request) -> web.Response:
-        if request.content_length is not None and request.content_length > self.limits.max_message_bytes:
-            return self._reject("?", 413, f"body of {request.content_length} bytes exceeds the limit of {self.limits.max_message_bytes}")
+        """Reads and verifies the signed head before it reads the body: a sender that is not
+        in the roster never makes this node hold more than a header's worth of bytes."""
+        limit = self.limits.max_message_bytes
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return self._reject(UNVERIFIED, 415, f"Content-Encoding {quote(encoding, 40)} is not accepted: send frames uncompressed",
+                                kind="compressed")
+        total = request.content_length
+        if total is None:
+            return self._reject(UNVERIFIED, 411, "a Content-Length is required", kind="no_length")
+        if total > limit:
+            return self._reject(UNVERIFIED, 413, f"body of {total} bytes exceeds the limit of {limit}", kind="oversized")
+        sender, verified = None, False
         try:
-            data = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._reject("?", 413, f"body exceeds the limit of {self.limits.max_message_bytes} bytes")
-        try:
-            header = peek_header(data, self.limits)
-            expected = {} if header.kind == GOODBYE else self.expected_for(header.kind, header.part)
+            prefix = await self._read_exactly(request, min(PREFIX_BYTES, total))
+            head = prefix + await self._read_exactly(request, head_length(prefix, total, self.limits) - len(prefix))
+            header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
+            sender, verified = header.sender, True
+            if header.kind == GOODBYE:
+                expected, schema = {}, GOODBYE_META
+            else:
+                expected, schema = self.expected_for(header.kind, header.part), self.meta_schema_for(header.kind, header.part)
             if expected is None:
-                self.counter.received(REJECTED, len(data), 0)
-                return self._reject(header.sender, 400, f"{self.node_id} does not accept kind={header.kind!r} part={header.part!r}")
-            message = open_message(
-                data, roster=self.roster, recipient=self.node_id, replay=self.replay, limits=self.limits, expected=expected
-            )
+                self.counter.received(REJECTED, len(head), 0)
+                return self._reject(header.sender, 400, f"{self.node_id} does not accept kind={quote(header.kind, 40)} "
+                                    f"part={quote(header.part, 40)}", kind="unexpected_kind")
+            if schema is not None:
+                check_meta(header.meta, schema)
+            body = await self._read_exactly(request, total - len(head))
+            message = open_message(head, body=body, roster=self.roster, recipient=self.node_id, replay=self.replay,
+                                   limits=self.limits, expected=expected)
+        except asyncio.IncompleteReadError as exc:
+            return self._reject(sender_label(sender, verified), 400,
+                                f"body ended after {len(exc.partial)} of the announced bytes", kind="truncated")
+        except asyncio.TimeoutError:
+            return self._reject(sender_label(sender, verified), 408,
+                                f"request body not received within {self.server_limits.read_timeout_s:g} s", kind="read_timeout")
         except WireError as exc:
-            self.counter.received(REJECTED, len(data), 0)
-            return self._reject("?", exc.status, str(exc))
+            self.counter.received(REJECTED, total, 0)
+            return self._reject(sender_label(sender, verified), exc.status, str(exc), kind=exc.reason)
         if message.header.kind == GOODBYE:
             self.counter.received(CONTROL, message.total_bytes, 0)
-            self._depart(message.header.sender, str(message.header.meta.get("reason", ""))[:500])
+            self._depart(message.header.sender, str(message.header.meta.get("reason", "")))
             return web.Response(status=202, text="accepted")
         try:
             self.on_message(message)
         except ValueError as exc:
-            self.counter.received(REJECTED, len(data), 0)
-            return self._reject(message.header.sender, 400, str(exc))
+            self.counter.received(REJECTED, message.total_bytes, 0)
+            status = getattr(exc, "status", 400)
+            return self._reject(message.header.sender, status, str(exc), kind=getattr(exc, "reason", "refused"))
         self.counter.received(message.header.part or message.header.kind, message.total_bytes, message.param_bytes)
         return web.Response(status=202, text="accepted")
 
@@ -217,10 +369,9 @@ class Endpoint:
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
 
-    def _reject(self, sender: str, status: int, reason: str) -> web.Response:
-        self.rejected.append((sender, status, reason))
-        self.log.warning("rejected message from %s: %d %s", sender, status, reason)
-        return web.Response(status=status, text=reason)
+    def _reject(self, sender: str, status: int, reason: str, *, kind: str = "rejected") -> web.Response:
+        self.rejections.add(sender, status, kind, reason)
+        return web.Response(status=status, text=reason[:1000])
 
     # ---- client -----------------------------------------------------------------------
     async def _read_bounded(self, response: aiohttp.ClientResponse) -> bytes:
@@ -258,9 +409,11 @@ class Endpoint:
         backoff = self.retry_s
         url = f"{self.urls[peer]}/v1/parts/{part}"
         while (remaining := deadline - loop.time()) > 0:
-            params = {"requester": self.node_id, "min_version": str(min_version), "wait": f"{remaining:.3f}"}
+            params = {"min_version": str(min_version), "wait": f"{remaining:.3f}"}
+            auth = {AUTH_HEADER: request_for(self.key, self.node_id, peer, part, min_version, self.next_seq())}
             try:
-                async with self._session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=remaining + 10)) as resp:
+                async with self._session.get(url, params=params, headers=auth,
+                                             timeout=aiohttp.ClientTimeout(total=remaining + 10)) as resp:
                     if resp.status == 204:  # nothing published yet: the peer is still in its first round
                         await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                         continue
@@ -280,13 +433,17 @@ class Endpoint:
                     data, roster=self.roster, recipient=self.node_id, replay=self.replay, limits=self.limits,
                     expected=self.expected_for("model", part),
                 )
+                schema = self.meta_schema_for("model", part)
+                if schema is not None:
+                    check_meta(message.header.meta, schema)
             except WireError as exc:
                 self.counter.received(REJECTED, len(data), 0)
-                self._reject(peer, exc.status, f"fetched {part}: {exc}")
+                self._reject(peer, exc.status, f"fetched {part}: {exc}", kind=exc.reason)
                 return None
             self.counter.received(part, message.total_bytes, message.param_bytes)
             if message.header.sender != peer:
-                self._reject(peer, 403, f"asked {peer} for {part} but the answer is signed by {message.header.sender}")
+                self._reject(peer, 403, f"asked {peer} for {part} but the answer is signed by {message.header.sender}",
+                             kind="wrong_sender")
                 return None
             return message
         return None

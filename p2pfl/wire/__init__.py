@@ -5,7 +5,19 @@ all use it without import cycles.
 """
 
 from p2pfl.wire.body import DTYPES, EncodedBody, encode_body
-from p2pfl.wire.envelope import MAGIC, Frame, Message, encode, open_message, peek_header, seal, seal_frame
+from p2pfl.wire.envelope import (
+    MAGIC,
+    PREFIX_BYTES,
+    Frame,
+    Message,
+    authenticate_head,
+    encode,
+    head_length,
+    open_message,
+    peek_header,
+    seal,
+    seal_frame,
+)
 from p2pfl.wire.errors import (
     BadSignature,
     MalformedMessage,
@@ -31,6 +43,7 @@ __all__ = [
     "Frame",
     "Header",
     "MAGIC",
+    "PREFIX_BYTES",
     "MalformedMessage",
     "Message",
     "NodeKey",
@@ -47,8 +60,10 @@ __all__ = [
     "WireError",
     "WireLimits",
     "WrongRecipient",
+    "authenticate_head",
     "encode",
     "encode_body",
+    "head_length",
     "open_message",
     "peek_header",
     "seal",

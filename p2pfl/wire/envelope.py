@@ -158,12 +158,11 @@ def _as_byte_view(data: bytes | bytearray | memoryview) -> memoryview:
     return view
 
 
-def _parse_frame(view: memoryview, limits: WireLimits) -> tuple[Header, int]:
-    """Check size and framing and decode the header, unauthenticated. Returns (header, signed_len)."""
-    total = view.nbytes
+def _check_prefix(view: memoryview, total: int, limits: WireLimits) -> int:
+    """Size, magic, protocol and header length of a `total`-byte message; returns the header length."""
     if total > limits.max_message_bytes:
         raise OversizedMessage(f"message is {total} bytes, limit is {limits.max_message_bytes}")
-    if total < PREFIX_BYTES + SIGNATURE_BYTES:
+    if total < PREFIX_BYTES + SIGNATURE_BYTES or view.nbytes < PREFIX_BYTES:
         raise MalformedMessage(f"message is {total} bytes, shorter than the {PREFIX_BYTES + SIGNATURE_BYTES}-byte minimum frame")
     magic, protocol, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
@@ -173,21 +172,55 @@ def _parse_frame(view: memoryview, limits: WireLimits) -> tuple[Header, int]:
     max_header = limits.max_meta_bytes + HEADER_OVERHEAD_BYTES
     if header_len > max_header:
         raise MalformedMessage(f"header length {header_len} exceeds the limit of {max_header} bytes")
-    signed_len = PREFIX_BYTES + header_len
     if body_offset(header_len) > total:
         raise MalformedMessage(
             f"header length {header_len} plus signature and padding overruns the {total}-byte message"
         )
+    return header_len
+
+
+def head_length(prefix: bytes | memoryview, total: int, limits: WireLimits = _DEFAULT_LIMITS) -> int:
+    """From the first PREFIX_BYTES of a `total`-byte message: how many bytes precede the body
+    (prefix, header, signature, padding). Lets a receiver authenticate the head before it
+    reads, and buffers, the body."""
+    return body_offset(_check_prefix(_as_byte_view(prefix), total, limits))
+
+
+def _parse_frame(view: memoryview, limits: WireLimits, total: int | None = None) -> tuple[Header, int]:
+    """Check size and framing and decode the header, unauthenticated. Returns (header, signed_len)."""
+    header_len = _check_prefix(view, view.nbytes if total is None else total, limits)
+    signed_len = PREFIX_BYTES + header_len
     try:
         doc = unpack_strict(view[PREFIX_BYTES:signed_len])
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise MalformedMessage(f"header is not valid msgpack: {exc}") from None
-    return validate_header(doc, protocol, limits.max_meta_bytes), signed_len
+    return validate_header(doc, PROTOCOL_VERSION, limits.max_meta_bytes), signed_len
+
+
+def _authenticate(view: memoryview, header: Header, signed_len: int, roster: Roster, recipient: str) -> None:
+    if header.recipient != recipient:
+        raise WrongRecipient(f"message is addressed to {quote(header.recipient)}, this node is {quote(recipient)}")
+    if header.sender not in roster:
+        raise UnknownSender(f"sender {quote(header.sender)} is not in the roster")
+    roster.verify(header.sender, bytes(view[signed_len : signed_len + SIGNATURE_BYTES]), view[:signed_len])
 
 
 def peek_header(data: bytes | bytearray | memoryview, limits: WireLimits = _DEFAULT_LIMITS) -> Header:
     """Decode the header WITHOUT verifying anything: for logging and routing decisions only."""
     header, _ = _parse_frame(_as_byte_view(data), limits)
+    return header
+
+
+def authenticate_head(
+    head: bytes | memoryview, *, total: int, roster: Roster, recipient: str, limits: WireLimits = _DEFAULT_LIMITS
+) -> Header:
+    """The header of a `total`-byte message from its head alone (see `head_length`), signature
+    verified: the receiver knows who sent it before it reads the body."""
+    view = _as_byte_view(head)
+    header, signed_len = _parse_frame(view, limits, total)
+    if view.nbytes != body_offset(signed_len - PREFIX_BYTES):
+        raise MalformedMessage(f"head is {view.nbytes} bytes, expected {body_offset(signed_len - PREFIX_BYTES)}")
+    _authenticate(view, header, signed_len, roster, recipient)
     return header
 
 
@@ -199,30 +232,31 @@ def open_message(
     replay: ReplayGuard | None,
     limits: WireLimits = _DEFAULT_LIMITS,
     expected: Mapping[str, tuple[tuple[int, ...], str]] | None = None,
+    body: bytes | memoryview | None = None,
 ) -> Message:
     """Authenticate and decode a frame; raises a WireError subclass naming the first problem found.
 
+    `data` is the whole frame, or only its head when the body was read separately (`body`).
     Checks run cheapest first, and nothing an unauthenticated sender controls reaches the
     replay state or the body parser: replay.check comes after the signature and digest,
     replay.record after every other check passed.
     """
     view = _as_byte_view(data)
-    header, signed_len = _parse_frame(view, limits)
-    if header.recipient != recipient:
-        raise WrongRecipient(f"message is addressed to {quote(header.recipient)}, this node is {quote(recipient)}")
-    if header.sender not in roster:
-        raise UnknownSender(f"sender {quote(header.sender)} is not in the roster")
-    body_start = signed_len + SIGNATURE_BYTES
-    roster.verify(header.sender, bytes(view[signed_len:body_start]), view[:signed_len])
-    body = view[body_offset(signed_len - PREFIX_BYTES):]
-    if digest([body]) != header.body_digest:
-        raise BadSignature(f"body digest does not match the signed header ({body.nbytes} body bytes)")
+    total = view.nbytes + (0 if body is None else memoryview(body).nbytes)
+    header, signed_len = _parse_frame(view, limits, total)
+    start = body_offset(signed_len - PREFIX_BYTES)
+    if body is not None and view.nbytes != start:
+        raise MalformedMessage(f"head is {view.nbytes} bytes, expected {start}")
+    _authenticate(view, header, signed_len, roster, recipient)
+    body_view = view[start:] if body is None else _as_byte_view(body)
+    if digest([body_view]) != header.body_digest:
+        raise BadSignature(f"body digest does not match the signed header ({body_view.nbytes} body bytes)")
     if replay is not None:
         replay.check(header.sender, header.seq, header.timestamp)
-    arrays, param_bytes = decode_body(body, limits)
+    arrays, param_bytes = decode_body(body_view, limits)
     if expected is not None:
         check_expected(arrays, expected)
     check_finite(arrays)
     if replay is not None:
         replay.record(header.sender, header.seq)
-    return Message(header=header, tensors=arrays, total_bytes=view.nbytes, param_bytes=param_bytes)
+    return Message(header=header, tensors=arrays, total_bytes=total, param_bytes=param_bytes)

@@ -5,9 +5,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from p2pfl.models import part_state
+from p2pfl.runtime.config import NodeConfig, PeerInfo
+from p2pfl.runtime.node import Node
+from p2pfl.scenario.launcher import free_ports
+from p2pfl.scenario.schema import load_scenario
+from p2pfl.wire import NodeKey, encode
+
 if TYPE_CHECKING:
     from p2pfl.coordinator.service import Coordinator
-    from p2pfl.runtime.node import Node
 
 TINY = """
 name = "tiny"
@@ -33,6 +39,7 @@ batch_size = 32
 [runtime]
 fetch_timeout_s = {timeout}
 linger_s = 20
+start_wait_s = 5
 message_limit_mb = 4
 """
 
@@ -50,7 +57,6 @@ def build_in_process(scenario_path: Path, out: Path, overrides: tuple[str, ...] 
     """Every node (and the coordinator) of a scenario as objects of this process, ready to `run()`."""
     from p2pfl.coordinator.service import Coordinator
     from p2pfl.runtime.config import load_node_config
-    from p2pfl.runtime.node import Node
     from p2pfl.scenario.launcher import write_run_folder
     from p2pfl.scenario.schema import apply_overrides, read_raw, scenario_from_dict
 
@@ -72,3 +78,25 @@ def run_in_process(nodes: list[Node], coordinator: Coordinator | None) -> tuple[
     started = time.perf_counter()
     results, coordinator_result = asyncio.run(everything())
     return results, coordinator_result, time.perf_counter() - started
+
+
+def lone_node(tmp_path, peer_key: NodeKey) -> Node:
+    """node-0 of a 2-node scenario, built in this process; its one peer, node-1 (key `peer_key`), is never started."""
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, rounds=2, timeout=2.0))
+    node_port, peer_port = free_ports(2, "127.0.0.1")
+    key = NodeKey.generate()
+    key.save(tmp_path / "node-0.key")
+    config = NodeConfig(
+        id="node-0", index=0, host="127.0.0.1", port=node_port, key_file=tmp_path / "node-0.key",
+        scenario=tmp_path / "tiny.toml", out=tmp_path / "run",
+        peers={"node-1": PeerInfo(f"http://127.0.0.1:{peer_port}", peer_key.public_hex)},
+    )
+    return Node(config, scenario)
+
+
+def model_frame(key: NodeKey, node: Node, *, sender: str = "node-1", recipient: str = "node-0", seq: int = 1,
+           tensors: dict | None = None, part: str = "body", meta: dict | None = None, version: int = 1) -> bytes:
+    """A model-part frame from `sender` to `recipient`, signed by `key` (node-0's own part unless `tensors`)."""
+    tensors = tensors if tensors is not None else {k: v.clone() for k, v in part_state(node.model, part).items()}
+    return encode(key=key, kind="model", sender=sender, recipient=recipient, round=1, version=version, seq=seq,
+                  part=part, meta={"n_train": 10} if meta is None else meta, tensors=tensors)

@@ -59,11 +59,16 @@ def test_fetched_and_pushed_parts_arrive_on_the_model_device(tmp_path: Path) -> 
             arrived = await b.gather([Fetch(a.config.id, "full")], 1)
             assert [m.sender for m in arrived] == [a.config.id]
             assert_on_model_device(b, arrived[0].tensors)
-            # A push lands in the cache the next gather reads from: on the model's device too.
-            assert await a.endpoint.push(b.config.id, kind="model", part="head", round_=2, version=2,
-                                         tensors=host_snapshot(part_state(a.model, "head")), meta={}, timeout=5)
-            cached = await b.gather([Fetch(a.config.id, "head")], 2)
-            assert_on_model_device(b, cached[0].tensors)
+            # A push answers a fetch the node is waiting for (a has not published version 2): on the
+            # model's device too.
+            b.round = 2
+            waiting = asyncio.create_task(b.gather([Fetch(a.config.id, "full")], 2))
+            await asyncio.sleep(0.2)
+            assert await a.endpoint.push(b.config.id, kind="model", part="full", round_=2, version=2,
+                                         tensors=state, meta={"n_train": 5}, timeout=5)
+            pushed = await asyncio.wait_for(waiting, 4)
+            assert [m.version for m in pushed] == [2]
+            assert_on_model_device(b, pushed[0].tensors)
         finally:
             await a.endpoint.close()
             await b.endpoint.close()

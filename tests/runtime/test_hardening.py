@@ -1,0 +1,337 @@
+"""A live node's HTTP surface against a hostile client: every answer is a 4xx with a reason,
+reads are signed, nothing unauthenticated is buffered, and connections are bounded.
+
+Each test starts node-0's endpoint in this process (its one peer, node-1, never runs) and
+talks to it over 127.0.0.1 with raw sockets or aiohttp, bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+
+from p2pfl.models import part_state
+from p2pfl.runtime.node import Node
+from p2pfl.runtime.placement import host_snapshot
+from p2pfl.runtime.strategy import Fetch
+from p2pfl.runtime.transport import ServerLimits
+from p2pfl.wire import NodeKey, encode
+from p2pfl.wire.request import AUTH_HEADER, ReadRequest, request_for, sign_request
+
+from .helpers import lone_node, model_frame
+
+
+def _serving(tmp_path: Path, peer_key: NodeKey, limits: ServerLimits | None = None) -> Node:
+    node = lone_node(tmp_path, peer_key)
+    if limits is not None:
+        node.endpoint.server_limits = limits
+    return node
+
+
+async def _started(node: Node) -> str:
+    await node.endpoint.start(node.config.host, node.config.port)
+    await node.endpoint.publish(1, 1, {"full": host_snapshot(part_state(node.model, "full"))}, {"n_train": 10})
+    return f"http://127.0.0.1:{node.config.port}"
+
+
+def _read_headers(key: NodeKey, *, requester: str = "node-1", target: str = "node-0", part: str = "full",
+                  min_version: int = 0, seq: int = 1) -> dict[str, str]:
+    return {AUTH_HEADER: request_for(key, requester, target, part, min_version, seq)}
+
+
+def test_reads_must_be_signed_by_a_roster_member(tmp_path: Path) -> None:
+    peer_key, stranger = NodeKey.generate(), NodeKey.generate()
+    node = _serving(tmp_path, peer_key)
+    statuses: dict[str, int] = {}
+
+    async def scenario() -> None:
+        base = await _started(node)
+        url = f"{base}/v1/parts/full?min_version=0&wait=0"
+        cases: dict[str, dict[str, str]] = {
+            "unsigned": {},
+            "old style (requester in the query)": {},
+            "forged": _read_headers(stranger, seq=2),
+            "unknown requester": {AUTH_HEADER: sign_request(stranger, ReadRequest("mallory", "node-0", "full", 0, time.time(), 3))},
+            "another target": _read_headers(peer_key, target="node-7", seq=4),
+            "another part": _read_headers(peer_key, part="body", seq=5),
+            "stale": {AUTH_HEADER: sign_request(peer_key, ReadRequest("node-1", "node-0", "full", 0, time.time() - 10_000, 6))},
+            "garbage": {AUTH_HEADER: "zz.zz"},
+            "valid": _read_headers(peer_key, seq=7),
+        }
+        try:
+            async with aiohttp.ClientSession() as session:
+                for name, headers in cases.items():
+                    target = url + ("&requester=node-1" if "query" in name else "")
+                    async with session.get(target, headers=headers) as resp:
+                        statuses[name] = resp.status
+                        if name == "valid":
+                            assert len(await resp.read()) > 100_000
+                async with session.get(url, headers=cases["valid"]) as resp:
+                    statuses["replayed"] = resp.status
+                async with session.get(f"{base}/v1/status") as resp:
+                    statuses["status"] = resp.status
+                    assert set(await resp.json()) == {"id", "round", "done"}
+        finally:
+            await node.endpoint.close()
+
+    asyncio.run(scenario())
+    assert statuses == {
+        "unsigned": 401, "old style (requester in the query)": 401, "forged": 401, "unknown requester": 403,
+        "another target": 403, "another part": 400, "stale": 409, "garbage": 400, "valid": 200, "replayed": 409,
+        "status": 200,
+    }
+    # Nothing was sent but the one signed answer.
+    assert node.counter.totals()["bytes_sent"] > 0
+    assert sum(t.messages for rb in node.counter.rounds.values() for t in rb.sent.values()) == 1
+
+
+@pytest.mark.parametrize("query", ["wait=nan", "wait=inf", "wait=-1", "wait=601", "min_version=-1",
+                                   f"min_version={2**63}", "min_version=1.5", "wait=abc"])
+def test_query_parameters_are_finite_and_bounded(tmp_path: Path, query: str) -> None:
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key)
+
+    async def scenario() -> tuple[int, str]:
+        base = await _started(node)
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base}/v1/parts/full?{query}", headers=_read_headers(peer_key)) as resp:
+                    return resp.status, await resp.text()
+        finally:
+            await node.endpoint.close()
+
+    status, text = asyncio.run(scenario())
+    assert status == 400 and ("wait" in text or "min_version" in text)
+
+
+def test_compressed_and_lengthless_bodies_are_refused(tmp_path: Path) -> None:
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key)
+
+    async def scenario() -> list[int]:
+        base = await _started(node)
+        frame = model_frame(peer_key, node, seq=3)
+        try:
+            async with aiohttp.ClientSession() as session:
+                out = []
+                for body, headers in ((b"not gzip at all", {"Content-Encoding": "gzip"}),
+                                      (gzip.compress(frame), {"Content-Encoding": "gzip"}),
+                                      (frame, {"Content-Encoding": "br"})):
+                    async with session.post(f"{base}/v1/inbox", data=body, headers=headers) as resp:
+                        out.append(resp.status)
+
+                async def chunks():
+                    yield frame[:100]
+                    yield frame[100:]
+
+                async with session.post(f"{base}/v1/inbox", data=chunks()) as resp:  # chunked: no length
+                    out.append(resp.status)
+                return out
+        finally:
+            await node.endpoint.close()
+
+    assert asyncio.run(scenario()) == [415, 415, 415, 411]
+
+
+async def _raw_post(port: int, head: bytes, content_length: int, timeout: float) -> tuple[bytes, float]:
+    """POST `head` announcing `content_length` bytes, send nothing more, and read what comes back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.perf_counter()
+    writer.write(b"POST /v1/inbox HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-p2pfl\r\n"
+                 + f"Content-Length: {content_length}\r\n\r\n".encode() + head)
+    await writer.drain()
+    try:
+        answer = await asyncio.wait_for(reader.read(4096), timeout)
+    finally:
+        writer.close()
+    return answer, time.perf_counter() - started
+
+
+def test_an_unauthenticated_sender_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
+    peer_key, stranger = NodeKey.generate(), NodeKey.generate()
+    node = _serving(tmp_path, peer_key, ServerLimits(read_timeout_s=5.0))
+    big = {k: torch.zeros_like(v) for k, v in part_state(node.model, "body").items()}
+    frames = {
+        "forged": encode(key=stranger, kind="model", sender="node-1", recipient="node-0", round=1, version=1, seq=1,
+                         part="body", meta={"n_train": 1}, tensors=big),
+        "unknown": encode(key=stranger, kind="model", sender="mallory", recipient="node-0", round=1, version=1,
+                          seq=1, part="body", meta={"n_train": 1}, tensors=big),
+        "wrong recipient": encode(key=peer_key, kind="model", sender="node-1", recipient="node-9", round=1, version=1,
+                                  seq=1, part="body", meta={"n_train": 1}, tensors=big),
+        "bad metadata": encode(key=peer_key, kind="model", sender="node-1", recipient="node-0", round=1, version=1,
+                               seq=2, part="body", meta={"n_train": "lots"}, tensors=big),
+    }
+
+    async def scenario() -> dict[str, tuple[bytes, float]]:
+        await _started(node)
+        try:
+            out = {}
+            for name, frame in frames.items():
+                head = frame[:1024]  # prefix, header, signature and padding are well within 1 KiB
+                out[name] = await _raw_post(node.config.port, head, len(frame) + 3 * 2**20 // 2, timeout=4.0)
+            return out
+        finally:
+            await node.endpoint.close()
+
+    answers = asyncio.run(scenario())
+    for name, (answer, seconds) in answers.items():
+        # Answered from the head alone, at once, while 1.5 MiB of announced body never came.
+        assert seconds < 2.0, name
+    assert answers["forged"][0].startswith(b"HTTP/1.1 401")
+    assert answers["unknown"][0].startswith(b"HTTP/1.1 403")
+    assert answers["wrong recipient"][0].startswith(b"HTTP/1.1 403")
+    assert answers["bad metadata"][0].startswith(b"HTTP/1.1 422") and b"meta.n_train" in answers["bad metadata"][0]
+
+
+def test_slow_and_silent_connections_are_closed_and_connections_are_capped(tmp_path: Path) -> None:
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key, ServerLimits(read_timeout_s=0.5, max_connections=4))
+
+    async def scenario() -> dict[str, Any]:
+        base = await _started(node)
+        out: dict[str, Any] = {}
+        try:
+            # No headers at all: closed after read_timeout_s.
+            reader, writer = await asyncio.open_connection("127.0.0.1", node.config.port)
+            out["silent"] = await asyncio.wait_for(reader.read(), 3.0)
+            writer.close()
+            # Headers, then a body that stops: 408.
+            frame = model_frame(peer_key, node, seq=5)
+            out["stalled"], _ = await _raw_post(node.config.port, frame[:1024], len(frame), timeout=3.0)
+            # Over the connection cap: the fifth is closed at once; the first four stay usable.
+            held = [await asyncio.open_connection("127.0.0.1", node.config.port) for _ in range(4)]
+            reader, writer = await asyncio.open_connection("127.0.0.1", node.config.port)
+            out["over cap"] = await asyncio.wait_for(reader.read(), 3.0)
+            writer.close()
+            for _, w in held:
+                w.close()
+            await asyncio.sleep(0.2)
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base}/v1/status") as resp:
+                    out["after"] = resp.status
+        finally:
+            await node.endpoint.close()
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["silent"] == b""
+    assert out["stalled"].startswith(b"HTTP/1.1 408")
+    assert out["over cap"] == b""
+    assert out["after"] == 200
+    kinds = {kind for (_, _, kind) in node.endpoint.rejections.counts}
+    assert {"header_timeout", "read_timeout", "too_many_connections"} <= kinds
+
+
+def test_concurrent_reads_per_peer_are_capped(tmp_path: Path) -> None:
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key, ServerLimits(max_requests_per_peer=3))
+
+    async def scenario() -> list[int]:
+        base = await _started(node)
+        try:
+            async with aiohttp.ClientSession() as session:
+                async def poll(seq: int) -> int:
+                    # version 5 is never published: each poll waits its full second
+                    async with session.get(f"{base}/v1/parts/full?min_version=5&wait=1",
+                                           headers=_read_headers(peer_key, min_version=5, seq=seq)) as resp:
+                        await resp.read()
+                        return resp.status
+
+                return list(await asyncio.gather(*(poll(s) for s in range(10, 16))))
+        finally:
+            await node.endpoint.close()
+
+    statuses = asyncio.run(scenario())
+    assert sorted(statuses) == [200, 200, 200, 429, 429, 429]
+
+
+def test_the_rejection_record_is_bounded_and_marks_unverified_senders(tmp_path: Path) -> None:
+    peer_key, stranger = NodeKey.generate(), NodeKey.generate()
+    node = _serving(tmp_path, peer_key)
+    hostile = "m" * 60_000
+
+    async def scenario() -> None:
+        base = await _started(node)
+        try:
+            async with aiohttp.ClientSession() as session:
+                for i in range(300):
+                    frame = encode(key=stranger, kind="model", sender=hostile, recipient="node-0", round=1, version=1,
+                                   seq=i, part="body", meta={}, tensors={})
+                    async with session.post(f"{base}/v1/inbox", data=frame) as resp:
+                        assert resp.status == 400 or resp.status == 403
+        finally:
+            await node.endpoint.close()
+
+    asyncio.run(scenario())
+    record = node.endpoint.rejections.summary()
+    assert record["total"] == 300
+    assert len(record["recent"]) <= 100
+    assert all(len(r["reason"]) <= 300 for r in record["recent"])
+    assert all(r["sender"] == "?" for r in record["recent"])  # the claimed name was never verified
+    assert len(record["counts"]) <= 3
+
+
+def test_pushes_are_taken_only_when_awaited_and_within_one_round(tmp_path: Path) -> None:
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key)
+    statuses: dict[str, int] = {}
+    arrived: list = []
+
+    async def scenario() -> None:
+        base = await _started(node)
+        try:
+            async with aiohttp.ClientSession() as session:
+                async def push(name: str, frame: bytes) -> None:
+                    async with session.post(f"{base}/v1/inbox", data=frame) as resp:
+                        statuses[name] = resp.status
+
+                node.round = 3
+                await push("not awaited", model_frame(peer_key, node, seq=1, version=3))
+                gathering = asyncio.create_task(node.gather([Fetch("node-1", "body")], 3))
+                await asyncio.sleep(0.2)
+                await push("far future", model_frame(peer_key, node, seq=2, version=2**62))
+                await push("old", model_frame(peer_key, node, seq=3, version=1))
+                await push("other part", model_frame(peer_key, node, seq=4, version=3, part="head"))
+                await push("awaited", model_frame(peer_key, node, seq=5, version=4))
+                arrived.extend(await gathering)
+                await push("after", model_frame(peer_key, node, seq=6, version=3))
+        finally:
+            await node.endpoint.close()
+
+    asyncio.run(scenario())
+    assert statuses == {"not awaited": 409, "far future": 409, "old": 409, "other part": 409, "awaited": 202,
+                        "after": 409}
+    assert [(m.sender, m.version) for m in arrived] == [("node-1", 4)]
+
+
+def test_a_non_finite_aggregate_is_refused_and_the_node_goes_on(tmp_path: Path) -> None:
+    from .helpers import build_in_process, run_in_process, write_tiny
+
+    nodes, _ = build_in_process(write_tiny(tmp_path, nodes=2, rounds=2, samples=40), tmp_path / "run")
+    victim = nodes[0]
+    aggregate = victim.strategy.aggregate
+
+    def overflowing(ctx: Any, arrived: list) -> None:
+        aggregate(ctx, arrived)
+        if ctx.round == 1:  # finite peers, overflowing sum: what 3e38-valued pushes did
+            with torch.no_grad():
+                next(iter(ctx.model.parameters())).fill_(3e38).mul_(10)
+
+    victim.strategy.aggregate = overflowing  # type: ignore[method-assign]
+    results, _, _ = run_in_process(nodes, None)
+    result = results[0]
+    assert result["status"] == "ok"
+    first, second = result["rounds"]
+    assert "non-finite" in first["aggregate_refused"] and "aggregate_refused" not in second
+    # The model from before the aggregate was kept: the trained one, with its accuracy and finite loss.
+    assert first["test_acc_aggregated"] == first["test_acc"]
+    assert np.isfinite(second["train_loss"])
+    assert all(bool(torch.isfinite(v).all()) for v in victim.model.state_dict().values())
