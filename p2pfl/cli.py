@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="run folder (results.json, logs, artefacts)")
     run.add_argument("--no-progress", action="store_true")
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this many seconds")
+    run.add_argument("--force", action="store_true",
+                     help="replace a run already in --out (its results, logs, checkpoints and keys are deleted first)")
     _add_set(run)
 
     node = sub.add_parser("node", help="run one node from a node config (LAN deployment)")
@@ -82,7 +84,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from p2pfl.scenario.launcher import run_scenario
 
-        _, code = run_scenario(args.scenario, args.out, args.overrides, progress=not args.no_progress, timeout_s=args.timeout)
+        _, code = run_scenario(args.scenario, args.out, args.overrides, progress=not args.no_progress,
+                               timeout_s=args.timeout, force=args.force)
         return code
     if args.command == "node":
         from p2pfl.runtime.config import load_node_config

@@ -167,7 +167,7 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
             results = json.loads(results_path.read_text())
             code = 0 if not results["summary"]["nodes_failed"] else 1
         else:
-            results, code = run_loaded(scenario, run_dir, progress=progress, quiet=True)
+            results, code = run_loaded(scenario, run_dir, progress=progress, quiet=True, force=True)
         failures += code != 0
         summaries[row.label].append(summarize_run(results))
         s = summaries[row.label][-1]

@@ -156,6 +156,10 @@ class Node:
             if fetch.peer not in self.endpoint.urls:
                 self.log.warning("strategy asked for unknown peer %r", fetch.peer)
                 return None
+            if fetch.peer in self.ctx.unreachable and await self.endpoint.status_of(fetch.peer, timeout=1.0) is None:
+                # Gone last round and not answering now (killed, or its machine is down): one
+                # quick probe instead of fetch_timeout_s in every later round.
+                return None
             # The coordinator waits up to `timeout` for stragglers itself, so its answer may take longer.
             wait = 2 * timeout if fetch.peer == COORDINATOR_ID else timeout
             fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, round_, wait))

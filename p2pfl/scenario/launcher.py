@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -53,8 +54,6 @@ def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | 
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("keys", "nodes", "logs", "artefacts"):
         (out / sub).mkdir(exist_ok=True)
-    for stale in (out / "artefacts").glob("*.jsonl"):
-        stale.unlink()  # artefacts are appended per round: a rerun into the same folder starts clean
     scenario_path = out / "scenario.json"
     scenario_path.write_text(json.dumps(scenario.to_dict(), indent=2))
     host = scenario.runtime.host
@@ -144,16 +143,37 @@ async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], 
                 p.kill()
 
 
+RUN_ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report")
+
+
+def claim_out(out: Path, force: bool) -> None:
+    """Never mix two runs in one folder: a folder that holds a run is refused, or with `force`
+    emptied of every entry a run writes, so nothing of the old run can be read into the new one."""
+    found = [name for name in RUN_ENTRIES if (out / name).exists()]
+    if not found:
+        return
+    if not force:
+        raise ConfigError("--out", f"{out} already holds a run ({', '.join(found)}); choose another folder, "
+                                   "or pass --force to replace it")
+    for name in found:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (), *, progress: bool = True,
-                 timeout_s: float | None = None, quiet: bool = False) -> tuple[dict[str, Any], int]:
+                 timeout_s: float | None = None, quiet: bool = False, force: bool = False) -> tuple[dict[str, Any], int]:
     """Run one scenario file to completion; returns (results, exit code)."""
     scenario = scenario_from_dict(apply_overrides(read_raw(path), overrides), source=str(path))
-    return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet)
+    return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force)
 
 
 def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
-               quiet: bool = False) -> tuple[dict[str, Any], int]:
+               quiet: bool = False, force: bool = False) -> tuple[dict[str, Any], int]:
     out = Path(out)
+    claim_out(out, force)
     started = time.perf_counter()
     prepare(scenario.data)
     node_paths, coordinator_path = write_run_folder(scenario, out)

@@ -47,3 +47,5 @@ def test_survivors_finish_when_a_peer_dies(tmp_path):
         # After the kill the dead peer is skipped; the live one keeps answering.
         assert "node-2" not in result["rounds"][-1]["arrived"]
         assert [p for p in result["rounds"][-1]["arrived"]] == [n for n in ("node-0", "node-1") if n != name]
+        # Once found gone, the dead peer costs one quick status probe per round, not fetch_timeout_s (3 s).
+        assert result["rounds"][-1]["time"]["exchange_s"] < 1.5, result["rounds"][-1]["time"]

@@ -57,3 +57,24 @@ def test_cli_exits_2_and_names_the_field(tmp_path):
     assert proc.returncode == 2
     assert "train.epochs" in proc.stderr
     assert not (tmp_path / "run").exists(), "nothing starts before the scenario is valid"
+
+
+def test_an_existing_run_folder_is_never_reused_silently(tmp_path, capsys):
+    import json
+
+    from p2pfl.cli import main
+
+    scenario = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    out = tmp_path / "run"
+    (out / "nodes").mkdir(parents=True)
+    stale = {"id": "node-0", "status": "ok", "rounds": [], "final_test_acc": 0.999, "marker": "old run"}
+    (out / "nodes" / "node-0.result.json").write_text(json.dumps(stale))
+    assert main(["run", str(scenario), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "error in --out" in err and "already holds a run" in err and "--force" in err
+    assert json.loads((out / "nodes" / "node-0.result.json").read_text()) == stale  # untouched
+
+    assert main(["run", str(scenario), "--out", str(out), "--no-progress", "--force"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "marker" not in json.dumps(results)
+    assert [n["status"] for n in results["nodes"]] == ["ok", "ok"]
