@@ -23,6 +23,7 @@ from p2pfl.models import build_model, load_part, part_spec
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import STATS_META
+from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
 from p2pfl.runtime.transport import Endpoint
 from p2pfl.scenario.schema import Scenario, load_scenario
@@ -52,8 +53,9 @@ class Coordinator:
         self.round = 0
         self.done = False
         self.rounds: list[dict[str, Any]] = []
+        key = NodeKey.load(config.key_file)
         self.endpoint = Endpoint(
-            node_id=config.id, key=NodeKey.load(config.key_file),
+            node_id=config.id, key=key,
             roster=Roster({pid: p.public_key for pid, p in config.peers.items()}),
             urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
@@ -62,6 +64,8 @@ class Coordinator:
             on_message=self._on_stats, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
             on_departed=self._on_departed,
             max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
+            tls=server_context(key, config.id) if sc.runtime.tls else None,
+            pins={pid: p.tls_fingerprint for pid, p in config.peers.items() if p.tls_fingerprint},
         )
 
     def _on_stats(self, message: Message) -> None:

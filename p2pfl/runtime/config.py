@@ -27,6 +27,13 @@ NODE_FIELDS = {"id", "index", "host", "port", "key_file", "scenario", "out", "ov
 class PeerInfo:
     url: str
     public_key: str
+    tls_fingerprint: str | None = None  # SHA-256 of the peer's certificate, pinned when runtime.tls is on
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"url": self.url, "public_key": self.public_key}
+        if self.tls_fingerprint is not None:
+            out["tls_fingerprint"] = self.tls_fingerprint
+        return out
 
 
 @dataclass(frozen=True)
@@ -47,8 +54,8 @@ class NodeConfig:
             "id": self.id, "index": self.index, "host": self.host, "port": self.port,
             "key_file": str(self.key_file), "scenario": str(self.scenario), "out": str(self.out),
             "overrides": list(self.overrides),
-            "peers": {pid: {"url": p.url, "public_key": p.public_key} for pid, p in self.peers.items()},
-            "coordinator": None if self.coordinator is None else {"url": self.coordinator.url, "public_key": self.coordinator.public_key},
+            "peers": {pid: p.to_dict() for pid, p in self.peers.items()},
+            "coordinator": None if self.coordinator is None else self.coordinator.to_dict(),
         }
 
     def save(self, path: Path) -> None:
@@ -59,8 +66,8 @@ def _peer(value: Any, where: str) -> PeerInfo:
     if not isinstance(value, Mapping):
         raise ConfigError(where, "expected a table with `url` and `public_key`")
     for key in value:
-        if key not in ("url", "public_key"):
-            raise ConfigError(f"{where}.{key}", "unknown field; allowed: url, public_key")
+        if key not in ("url", "public_key", "tls_fingerprint"):
+            raise ConfigError(f"{where}.{key}", "unknown field; allowed: url, public_key, tls_fingerprint")
     url, pub = value.get("url"), value.get("public_key")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{where}.url", f"expected an http(s) URL, got {url!r}")
@@ -70,7 +77,15 @@ def _peer(value: Any, where: str) -> PeerInfo:
         bytes.fromhex(pub)
     except ValueError:
         raise ConfigError(f"{where}.public_key", "not valid hex") from None
-    return PeerInfo(url.rstrip("/"), pub)
+    fp = value.get("tls_fingerprint")
+    if fp is not None:
+        try:
+            ok = isinstance(fp, str) and len(bytes.fromhex(fp)) == 32
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{where}.tls_fingerprint", "expected the SHA-256 of the peer's certificate as 64 hex characters")
+    return PeerInfo(url.rstrip("/"), pub, fp)
 
 
 def load_node_config(path: str | Path) -> NodeConfig:

@@ -32,6 +32,7 @@ from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
 from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, Push, RoundContext
 from p2pfl.runtime.timing import PhaseClock
+from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.transport import Endpoint
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
@@ -87,12 +88,11 @@ class Node:
         # (peer, part) -> the push that may answer this round's fetch of it, while gather waits.
         self.awaiting: dict[tuple[str, str], asyncio.Future[PeerModel]] = {}
         key = NodeKey.load(config.key_file)
-        ids = {pid: info.public_key for pid, info in config.peers.items()}
+        infos = dict(config.peers)
         if config.coordinator is not None:
-            ids[COORDINATOR_ID] = config.coordinator.public_key
-        urls = {pid: info.url for pid, info in config.peers.items()}
-        if config.coordinator is not None:
-            urls[COORDINATOR_ID] = config.coordinator.url
+            infos[COORDINATOR_ID] = config.coordinator
+        ids = {pid: info.public_key for pid, info in infos.items()}
+        urls = {pid: info.url for pid, info in infos.items()}
         self.endpoint = Endpoint(
             node_id=config.id, key=key, roster=Roster(ids), urls=urls, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
@@ -100,6 +100,8 @@ class Node:
             status=self._status,
             on_departed=self._on_departed,
             max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
+            tls=server_context(key, config.id) if sc.runtime.tls else None,
+            pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},
         )
         self.artefacts = ArtefactSink(config.id, config.out / "artefacts")
         self.ctx = RoundContext(

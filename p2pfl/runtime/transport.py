@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import ssl
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -23,6 +24,7 @@ from aiohttp import web
 from p2pfl.runtime.accounting import CONTROL, ByteCounter
 from p2pfl.runtime.metadata import GOODBYE_META, Schema, check_meta
 from p2pfl.runtime.rejections import UNVERIFIED, RejectionLog, sender_label
+from p2pfl.runtime.tls import pin
 from p2pfl.wire import (
     PREFIX_BYTES,
     EncodedBody,
@@ -176,6 +178,8 @@ class Endpoint:
         max_skew_s: float = 300.0,
         retry_s: float = 0.25,
         server_limits: ServerLimits = ServerLimits(),
+        tls: ssl.SSLContext | None = None,
+        pins: Mapping[str, str] | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         self.node_id = node_id
@@ -201,6 +205,9 @@ class Endpoint:
         self._server: asyncio.AbstractServer | None = None
         self._session: aiohttp.ClientSession | None = None
         self.server_limits = server_limits
+        self.tls = tls
+        # peer -> SHA-256 of its certificate: checked during the handshake, before a request byte is sent.
+        self._pins = {peer: pin(fp) for peer, fp in (pins or {}).items()}
         self.connections: set[GuardedProtocol] = set()
         self._reads_by_peer: dict[str, int] = {}
         self.rejections = RejectionLog(self.log)
@@ -224,7 +231,8 @@ class Endpoint:
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: GuardedProtocol(server(), self), host, port, reuse_address=True)
+        self._server = await loop.create_server(lambda: GuardedProtocol(server(), self), host, port,
+                                                reuse_address=True, ssl=self.tls)
         self._session = aiohttp.ClientSession()
 
     async def close(self) -> None:
@@ -237,6 +245,16 @@ class Endpoint:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
+
+    def _pin_mismatch(self, peer: str, exc: aiohttp.ServerFingerprintMismatch) -> None:
+        """Whoever answered at `peer`'s address is not `peer`: nothing was sent, nothing is retried."""
+        self.rejections.add(peer, 495, "tls_pin_mismatch",
+                            f"TLS certificate at {self.urls[peer]} has fingerprint {exc.got.hex()}, the roster pins "
+                            f"{exc.expected.hex()}")
+
+    def _ssl(self, peer: str) -> aiohttp.Fingerprint | bool:
+        """The pin of `peer`'s certificate; without one, a TLS URL needs a CA-verified certificate."""
+        return self._pins.get(peer, True)
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -412,7 +430,7 @@ class Endpoint:
             params = {"min_version": str(min_version), "wait": f"{remaining:.3f}"}
             auth = {AUTH_HEADER: request_for(self.key, self.node_id, peer, part, min_version, self.next_seq())}
             try:
-                async with self._session.get(url, params=params, headers=auth,
+                async with self._session.get(url, params=params, headers=auth, ssl=self._ssl(peer),
                                              timeout=aiohttp.ClientTimeout(total=remaining + 10)) as resp:
                     if resp.status == 204:  # nothing published yet: the peer is still in its first round
                         await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
@@ -421,6 +439,9 @@ class Endpoint:
                         self.log.warning("fetch %s/%s: HTTP %d %s", peer, part, resp.status, (await resp.text())[:200])
                         return None
                     data = await self._read_bounded(resp)
+            except aiohttp.ServerFingerprintMismatch as exc:
+                self._pin_mismatch(peer, exc)
+                return None
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError):
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 2.0)
@@ -466,13 +487,16 @@ class Endpoint:
             try:
                 async with self._session.post(
                     f"{self.urls[target]}/v1/inbox", data=frame, headers={"Content-Type": CONTENT_TYPE},
-                    timeout=aiohttp.ClientTimeout(total=remaining),
+                    ssl=self._ssl(target), timeout=aiohttp.ClientTimeout(total=remaining),
                 ) as resp:
                     self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
                     if resp.status == 202:
                         return True
                     self.log.warning("push to %s: HTTP %d %s", target, resp.status, (await resp.text())[:200])
                     return False
+            except aiohttp.ServerFingerprintMismatch as exc:
+                self._pin_mismatch(target, exc)
+                return False
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 5.0)
@@ -489,7 +513,8 @@ class Endpoint:
     async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
         assert self._session is not None
         try:
-            async with self._session.get(f"{self.urls[peer]}/v1/status", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with self._session.get(f"{self.urls[peer]}/v1/status", ssl=self._ssl(peer),
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
                     return None
                 data = await resp.read()

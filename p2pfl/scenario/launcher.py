@@ -28,6 +28,7 @@ from p2pfl.report.relevance import score_run
 from p2pfl.runtime.config import NodeConfig, PeerInfo
 from p2pfl.runtime.node import PROGRESS_PREFIX
 from p2pfl.runtime.strategy import COORDINATOR_ID
+from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.scenario.results import build_results, format_summary, node_ids
 from p2pfl.scenario.schema import Scenario, apply_overrides, read_raw, scenario_from_dict
 from p2pfl.wire import NodeKey
@@ -48,6 +49,13 @@ def free_ports(count: int, host: str) -> list[int]:
     return ports
 
 
+def peer_info(scenario: Scenario, node_id: str, key: NodeKey, host: str, port: int) -> PeerInfo:
+    """How peers reach and recognise `node_id`: URL, public key, and with TLS its certificate's fingerprint."""
+    if scenario.runtime.tls:
+        return PeerInfo(f"https://{host}:{port}", key.public_hex, tls_fingerprint(key, node_id))
+    return PeerInfo(f"http://{host}:{port}", key.public_hex)
+
+
 def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
     """Keys, resolved scenario and one config per process; returns node config paths and the coordinator's."""
     out = out.resolve()  # node configs hold absolute paths: their own folder is not the working directory
@@ -64,7 +72,7 @@ def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | 
     for i, key in keys.items():
         key.save(out / "keys" / f"{i}.key")
     ports = dict(zip(all_ids, free_ports(len(all_ids), host)))
-    infos = {i: PeerInfo(f"http://{host}:{ports[i]}", keys[i].public_hex) for i in all_ids}
+    infos = {i: peer_info(scenario, i, keys[i], host, ports[i]) for i in all_ids}
     coordinator = infos.get(COORDINATOR_ID)
     paths = []
     for index, nid in enumerate(ids):
@@ -218,7 +226,7 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
             raise ConfigError("--hosts", f"expected host:port, got {address!r}")
         key = NodeKey.generate()
         key.save(out / f"{nid}.key")
-        infos[nid] = (host, int(port), PeerInfo(f"http://{host}:{port}", key.public_hex))
+        infos[nid] = (host, int(port), peer_info(scenario, nid, key, host, int(port)))
     scenario_rel = Path(os.path.relpath(Path(scenario_path).resolve(), out.resolve()))
     paths = []
     for index, nid in enumerate(list(hostports)):

@@ -77,6 +77,7 @@ class RuntimeSpec:
     torch_threads: int = 1            # 2 cores are shared by all node processes
     linger_s: float = 60.0            # keep serving after the last round until peers are done
     start_wait_s: float = 30.0        # before round 1, wait this long at most for every peer to be up
+    tls: bool = False                 # HTTPS between nodes, certificates pinned by fingerprint (no CA)
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
 

@@ -1,0 +1,74 @@
+"""runtime.tls: nodes talk HTTPS with self-signed certificates pinned by fingerprint from the roster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from p2pfl.runtime.tls import certificate, fingerprint, pin
+from p2pfl.wire import NodeKey
+
+from .helpers import build_in_process, run_in_process, write_tiny
+
+
+def test_certificate_is_a_function_of_the_key() -> None:
+    key = NodeKey.generate()
+    assert fingerprint(key, "node-0") == fingerprint(NodeKey.from_private_hex(key.private_hex()), "node-0")
+    assert fingerprint(key, "node-0") != fingerprint(NodeKey.generate(), "node-0")
+    cert = certificate(key, "node-0")
+    assert cert.public_key().public_bytes_raw().hex() == key.public_hex
+
+
+def test_nodes_run_over_tls_and_refuse_a_wrong_fingerprint(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path, nodes=3, rounds=1, samples=40, timeout=5.0, extra="")
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
+    configs = [json.loads((tmp_path / "run" / "nodes" / f"{n.config.id}.json").read_text()) for n in nodes]
+    assert all(p["url"].startswith("https://") and len(p["tls_fingerprint"]) == 64
+               for c in configs for p in c["peers"].values())
+    # node-2 is told a wrong fingerprint for node-0: a man in the middle, as far as it can tell.
+    nodes[2].endpoint._pins["node-0"] = pin("00" * 32)
+    statuses: dict[str, object] = {}
+
+    async def probes() -> None:
+        url = nodes[0].endpoint.urls["node-1"]
+        async with aiohttp.ClientSession() as session:
+            for name, target, ssl in (("plain http", url.replace("https://", "http://"), None),
+                                      ("no pin", url, True)):
+                try:
+                    async with session.get(f"{target}/v1/status", ssl=ssl, timeout=aiohttp.ClientTimeout(total=3)) as r:
+                        statuses[name] = r.status
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    statuses[name] = type(exc).__name__
+
+    async def everything() -> list:
+        runs = asyncio.gather(*(n.run() for n in nodes))
+        await asyncio.sleep(1.0)
+        await probes()
+        return await runs
+
+    results = asyncio.run(everything())
+    by_id = {r["id"]: r for r in results}
+    assert all(r["status"] == "ok" for r in results)
+    assert by_id["node-0"]["rounds"][0]["arrived"] == ["node-1", "node-2"]
+    assert by_id["node-1"]["rounds"][0]["arrived"] == ["node-0", "node-2"]
+    assert by_id["node-2"]["rounds"][0]["arrived"] == ["node-1"]
+    assert any(c["reason"] == "tls_pin_mismatch" and c["sender"] == "node-0" for c in by_id["node-2"]["rejected"]["counts"])
+    # Without TLS, or without the pin (a CA check of a self-signed certificate), nobody gets an answer.
+    assert statuses["plain http"] != 200 and statuses["no pin"] != 200
+    assert "Certificate" in str(statuses["no pin"]) or "SSL" in str(statuses["no pin"]), statuses
+
+
+def test_roster_fingerprints_are_validated(tmp_path: Path) -> None:
+    from p2pfl.errors import ConfigError
+    from p2pfl.runtime.config import load_node_config
+
+    config = {"id": "node-0", "index": 0, "port": 1, "key_file": "k", "scenario": "s",
+              "peers": {"node-1": {"url": "https://h:1", "public_key": "ab" * 32, "tls_fingerprint": "xyz"}}}
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="peers.node-1.tls_fingerprint"):
+        load_node_config(path)
