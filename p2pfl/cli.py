@@ -28,10 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this many seconds")
     run.add_argument("--force", action="store_true",
                      help="replace a run already in --out (its results, logs, checkpoints and keys are deleted first)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out from each node's last complete round (same scenario)")
     _add_set(run)
 
     node = sub.add_parser("node", help="run one node from a node config (LAN deployment)")
     node.add_argument("config", type=Path)
+    node.add_argument("--resume", action="store_true", help="continue from the node's last checkpoint")
 
     coord = sub.add_parser("coordinator", help="run the optional coordinator from its config")
     coord.add_argument("config", type=Path)
@@ -84,14 +87,16 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from p2pfl.scenario.launcher import run_scenario
 
+        if args.force and args.resume:
+            raise ConfigError("--resume", "--force replaces the run that --resume would continue; pass one of them")
         _, code = run_scenario(args.scenario, args.out, args.overrides, progress=not args.no_progress,
-                               timeout_s=args.timeout, force=args.force)
+                               timeout_s=args.timeout, force=args.force, resume=args.resume)
         return code
     if args.command == "node":
         from p2pfl.runtime.config import load_node_config
         from p2pfl.runtime.node import run_node
 
-        return run_node(load_node_config(args.config))
+        return run_node(load_node_config(args.config), resume=args.resume)
     if args.command == "coordinator":
         from p2pfl.coordinator.service import run_coordinator
         from p2pfl.runtime.config import load_node_config

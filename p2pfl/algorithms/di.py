@@ -132,6 +132,15 @@ class GlobalModelStrategy(Strategy):
         """Extra statistics of the trained model (`start`: the round's start = global state)."""
         return {}
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"meta": dict(self._meta), "prev_local": list(self._prev_local), "start_is_global": self._start_is_global}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._meta = dict(state["meta"])
+        loss, acc = state["prev_local"]
+        self._prev_local = (loss, acc)
+        self._start_is_global = bool(state["start_is_global"])
+
     def fit(self, ctx: RoundContext) -> FitResult:
         # The runtime sets ctx.round_start to the same state; taking our own snapshot keeps the strategy
         # correct when driven without the runtime (tests, benchmarks).

@@ -20,6 +20,8 @@ Mapping onto this runtime's round (fit -> publish -> fetch -> aggregate):
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from p2pfl.algorithms import register
@@ -53,6 +55,12 @@ class FedFomo(Strategy):
 
     def setup(self, ctx: RoundContext) -> None:
         self._ensure_peers(ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"affinity": dict(self.affinity)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.affinity = {str(p): float(v) for p, v in state["affinity"].items()}
 
     def exploration(self, round_: int) -> float:
         return max(self.epsilon - self.epsilon_decay * (max(round_, 1) - 1), 0.0)

@@ -222,6 +222,16 @@ class PFedSV(Strategy):
     def setup(self, ctx: RoundContext) -> None:
         self._ensure_peers(ctx)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"relevance": dict(self.relevance), "seen": sorted(self.seen), "last_scored": dict(self.last_scored),
+                "k": self.k}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.relevance = {str(p): float(v) for p, v in state["relevance"].items()}
+        self.seen = {str(p) for p in state["seen"]}
+        self.last_scored = {str(p): int(r) for p, r in state["last_scored"].items()}
+        self.k = int(state["k"])
+
     def _empty_value(self, ctx: RoundContext) -> float:
         return 0.0 if self.empty_utility == "zero" else 1.0 / ctx.model.num_classes
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
@@ -46,3 +50,17 @@ def noise_for_target(target_epsilon: float, delta: float, sample_rate: float, st
             target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
             steps=steps, accountant=accountant,
         ))
+
+
+def generator_states(generators: dict[str, torch.Generator]) -> dict[str, str]:
+    """Noise generators' states by device, as hex, for checkpoints."""
+    return {device: bytes(g.get_state().tolist()).hex() for device, g in generators.items()}
+
+
+def restore_generators(generators: dict[str, torch.Generator], states: dict[str, str],
+                       make: Callable[[torch.device], torch.Generator]) -> None:
+    import torch
+
+    for device, state in states.items():
+        generator = generators.get(device) or make(torch.device(device))
+        generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))

@@ -37,7 +37,7 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader
 
-from p2pfl.privacy.accounting import History, epsilon_of
+from p2pfl.privacy.accounting import History, epsilon_of, generator_states, restore_generators
 
 log = logging.getLogger("p2pfl.privacy")
 
@@ -225,6 +225,18 @@ class DPSGDMechanism:
         return any(
             epsilon_of(history + extra, self.delta, self.accountant_kind) > self.epsilon_budget for extra in candidates
         )
+
+    # -- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.accountant.history], "rounds": [[list(h) for h in r] for r in self.rounds],
+                "empty_steps": self.empty_steps, "generators": generator_states(self._generators)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.accountant.history = [tuple(h) for h in state["history"]]
+        self.rounds = [[tuple(h) for h in r] for r in state["rounds"]]
+        self.empty_steps = int(state["empty_steps"])
+        restore_generators(self._generators, state["generators"], self._generator)
+        self._eps_cache = None
 
     # -- reporting ----------------------------------------------------------------------
     def steps(self) -> int:

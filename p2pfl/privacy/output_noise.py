@@ -26,7 +26,7 @@ from opacus.accountants import create_accountant
 from torch import nn
 from torch.utils.data import DataLoader
 
-from p2pfl.privacy.accounting import epsilon_of
+from p2pfl.privacy.accounting import epsilon_of, generator_states, restore_generators
 
 SENSITIVITY_FACTOR = 2.0  # L2 sensitivity of the clipped update, in units of clip_norm
 
@@ -118,6 +118,16 @@ class OutputNoiseMechanism:
             return False
         history = list(self.accountant.history) + [(self.accounted_noise_multiplier, 1.0, 1)]
         return epsilon_of(history, self.delta, self.accountant_kind) > self.epsilon_budget
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.accountant.history], "last_update_norm": self.last_update_norm,
+                "generators": generator_states(self._generators)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.accountant.history = [tuple(h) for h in state["history"]]
+        self.last_update_norm = state["last_update_norm"]
+        restore_generators(self._generators, state["generators"], self._generator)
+        self._eps_cache = None
 
     def steps(self) -> int:
         return sum(n for _, _, n in self.accountant.history)

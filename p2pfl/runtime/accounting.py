@@ -53,6 +53,7 @@ class ByteCounter:
     def __init__(self) -> None:
         self.round = 0
         self.rounds: dict[int, RoundBytes] = defaultdict(RoundBytes)
+        self.earlier: dict[str, int] = {}  # totals of the run before a resume
 
     def begin_round(self, round_: int) -> None:
         self.round = round_
@@ -67,7 +68,8 @@ class ByteCounter:
         return self.rounds[round_].summary()
 
     def totals(self) -> dict[str, int]:
-        out = {"bytes_sent": 0, "bytes_received": 0, "param_bytes_sent": 0, "param_bytes_received": 0}
+        out = {key: int(self.earlier.get(key, 0))
+               for key in ("bytes_sent", "bytes_received", "param_bytes_sent", "param_bytes_received")}
         for rb in self.rounds.values():
             s = rb.summary()
             for key in out:

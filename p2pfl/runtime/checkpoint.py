@@ -1,28 +1,87 @@
-"""Model checkpoints as signed wire frames: the same format as the network, no pickle."""
+"""Checkpoints as signed wire frames: the same format as the network, no pickle.
+
+A checkpoint holds the model's tensors and, as one uint8 tensor `STATE_TENSOR`, a JSON
+document with everything else a node needs to go on where it stopped (round, round
+records, strategy and privacy state, random generators, replay windows). It is written
+atomically (temporary file, fsync, rename), so a crash mid-write leaves the previous one.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
-from p2pfl.wire import NodeKey, Roster, WireLimits, encode, open_message
+from p2pfl.wire import NodeKey, Roster, WireError, WireLimits, encode, open_message
+
+STATE_TENSOR = "__state__"
+FORMAT = 1
 
 
-def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeKey, node_id: str, round_: int) -> str:
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: corrupt, foreign, or from another scenario. Nothing was loaded."""
+
+
+def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeKey, node_id: str, round_: int,
+                    extra: Mapping[str, Any] | None = None) -> str:
     """Write the state signed by `node_id`; returns the SHA-256 of the frame (to compare checkpoints)."""
+    tensors: dict[str, Any] = {k: v.detach().to("cpu") for k, v in state.items()}
+    if extra is not None:
+        document = json.dumps({"format": FORMAT, **extra}, allow_nan=False).encode()
+        tensors[STATE_TENSOR] = np.frombuffer(document, dtype=np.uint8)
     frame = encode(key=key, kind="checkpoint", sender=node_id, recipient=node_id, round=round_, version=round_,
-                   seq=round_, part="full", meta={}, tensors=state)
+                   seq=round_, part="full", meta={}, tensors=tensors)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(frame)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(frame)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return hashlib.sha256(frame).hexdigest()
 
 
+def read_checkpoint(path: Path, *, node_id: str, public_hex: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """Verify and decode a checkpoint written by `node_id`: (model tensors, state document or None)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {exc}") from None
+    try:
+        message = open_message(data, roster=Roster({node_id: public_hex}), recipient=node_id, replay=None,
+                               limits=WireLimits(max_message_bytes=max(len(data), 1)))
+    except WireError as exc:
+        raise CheckpointError(f"checkpoint {path} is not a valid checkpoint of {node_id} under its key: {exc}") from None
+    if message.header.kind != "checkpoint":
+        raise CheckpointError(f"{path} is a {message.header.kind!r} frame, not a checkpoint")
+    tensors = {k: v.clone() for k, v in message.torch_tensors().items() if k != STATE_TENSOR}
+    document = None
+    if STATE_TENSOR in message.tensors:
+        try:
+            document = json.loads(message.tensors[STATE_TENSOR].tobytes())
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {path}: state is not JSON: {exc}") from None
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path}: unknown state format {document.get('format') if isinstance(document, dict) else None!r}")
+    return tensors, document
+
+
 def load_checkpoint(path: Path, *, node_id: str, public_hex: str) -> dict[str, torch.Tensor]:
-    """Read and verify a checkpoint written by `node_id` (whose public key is `public_hex`)."""
-    data = Path(path).read_bytes()
-    message = open_message(data, roster=Roster({node_id: public_hex}), recipient=node_id, replay=None,
-                           limits=WireLimits(max_message_bytes=max(len(data), 1)))
-    return {k: v.clone() for k, v in message.torch_tensors().items()}
+    """The model tensors of a checkpoint written by `node_id` (whose public key is `public_hex`)."""
+    return read_checkpoint(path, node_id=node_id, public_hex=public_hex)[0]
+
+
+def scenario_digest(scenario: Mapping[str, Any]) -> str:
+    """Identifies a resolved scenario, so that a checkpoint is never resumed under another one."""
+    return hashlib.sha256(json.dumps(scenario, sort_keys=True).encode()).hexdigest()

@@ -14,7 +14,6 @@ import math
 import sys
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,7 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model, part_spec, part_state
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.checkpoint import save_checkpoint
+from p2pfl.runtime.checkpoint import CheckpointError, read_checkpoint, save_checkpoint, scenario_digest
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
@@ -57,8 +56,9 @@ def setup_logging(node_id: str, level: int = logging.INFO) -> logging.Logger:
 
 
 class Node:
-    def __init__(self, config: NodeConfig, scenario: Scenario | None = None) -> None:
+    def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False) -> None:
         self.config = config
+        self.resume = resume
         self.scenario = scenario or load_scenario(config.scenario, config.overrides)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
         sc = self.scenario
@@ -110,6 +110,7 @@ class Node:
             log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
         )
         self.rounds: list[dict[str, Any]] = []
+        self.checkpoint_path = config.out / "checkpoints" / f"{config.id}.p2pfl"
 
     # ---- endpoint callbacks ---------------------------------------------------------------
     def _expected(self, kind: str, part: str) -> dict[str, tuple[tuple[int, ...], str]] | None:
@@ -273,12 +274,16 @@ class Node:
         goodbye = ""
         try:
             await asyncio.to_thread(self.strategy.setup, self.ctx)
+            first = 1
+            if self.resume:
+                first = await asyncio.to_thread(self.restore) + 1
+                await self._republish()
             # Not a barrier: a node starts round 1 once its peers are up or start_wait_s has
             # passed, so that peers still starting (importing torch) do not slow its first round.
             silent = await self.endpoint.wait_until_up(set(self.endpoint.urls), sc.runtime.start_wait_s)
             if silent:
                 self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.runtime.start_wait_s)
-            for r in range(1, sc.rounds + 1):
+            for r in range(first, sc.rounds + 1):
                 if self.privacy is not None and self.privacy.exhausted():
                     status = "budget_exhausted"
                     self.log.warning(
@@ -289,6 +294,7 @@ class Node:
                     break
                 record = await self.run_round(r)
                 self.rounds.append(record)
+                await asyncio.to_thread(self.write_checkpoint)
                 _progress({"id": cfg.id, "round": r, "test_acc": record["test_acc"]})
         except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
             status = "failed"
@@ -306,12 +312,88 @@ class Node:
         # every rejection) is in it.
         await self.endpoint.close()
         result = self.result(status, error, time.perf_counter() - started)
-        result["checkpoint"] = str(cfg.out / "checkpoints" / f"{cfg.id}.p2pfl")
-        save_checkpoint(Path(result["checkpoint"]), self.model.state_dict(), key=self.endpoint.key,
-                        node_id=cfg.id, round_=self.round)
+        result["checkpoint"] = str(self.checkpoint_path)
+        if status != "failed" or not self.checkpoint_path.exists():
+            self.write_checkpoint()  # a failed round's half-trained model never replaces the last good checkpoint
         (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)
         (cfg.out / "nodes" / f"{cfg.id}.result.json").write_text(json.dumps(result, indent=1))
         return result
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything besides the model that the next round depends on."""
+        rng = {
+            "trainer": _hex_state(self.trainer.generator.get_state()),
+            "ctx": self.ctx.rng.bit_generator.state,
+            "torch": _hex_state(torch.get_rng_state()),
+            "cuda": _hex_state(torch.cuda.get_rng_state(self.device)) if self.device.type == "cuda" else None,
+        }
+        return {
+            "node": self.config.id, "scenario": scenario_digest(self.scenario.to_dict()), "round": len(self.rounds),
+            "rounds": self.rounds, "strategy": self.strategy.state_dict(),
+            "privacy": None if self.privacy is None else self.privacy.state_dict(),
+            "rng": rng, "replay": self.endpoint.replay.snapshot(), "totals": self.counter.totals(),
+        }
+
+    def write_checkpoint(self) -> None:
+        save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.endpoint.key, node_id=self.config.id,
+                        round_=len(self.rounds), extra=self.checkpoint_state())
+
+    def checkpoint_state_from_disk(self) -> dict[str, Any]:
+        """The state document of this node's checkpoint, verified, without loading it."""
+        _, doc = read_checkpoint(self.checkpoint_path, node_id=self.config.id, public_hex=self.endpoint.key.public_hex)
+        if doc is None:
+            raise CheckpointError(f"checkpoint {self.checkpoint_path} holds a model but no node state")
+        return doc
+
+    def restore(self) -> int:
+        """Load the last checkpoint; returns the last complete round. Everything is checked before
+        anything is applied: a corrupt, foreign or other-scenario checkpoint raises CheckpointError."""
+        path, cfg = self.checkpoint_path, self.config
+        if not path.exists():
+            raise CheckpointError(f"--resume: no checkpoint at {path}")
+        tensors, doc = read_checkpoint(path, node_id=cfg.id, public_hex=self.endpoint.key.public_hex)
+        if doc is None:
+            raise CheckpointError(f"checkpoint {path} holds a model but no node state; it cannot be resumed")
+        if doc.get("node") != cfg.id:
+            raise CheckpointError(f"checkpoint {path} belongs to {doc.get('node')!r}, not {cfg.id}")
+        if doc.get("scenario") != scenario_digest(self.scenario.to_dict()):
+            raise CheckpointError(f"checkpoint {path} was written for another scenario; resume with the same one")
+        spec = part_spec(self.model, "full")
+        if set(tensors) != set(spec) or any(tuple(tensors[k].shape) != spec[k][0] for k in spec):
+            raise CheckpointError(f"checkpoint {path} does not hold this scenario's model")
+        rounds = doc["rounds"]
+        if not isinstance(rounds, list) or len(rounds) != doc["round"] or doc["round"] > self.scenario.rounds:
+            raise CheckpointError(f"checkpoint {path}: round {doc.get('round')!r} does not match its records")
+        strategy = type(self.strategy)(**dict(self.scenario.algorithm.params))
+        try:  # on a fresh strategy first: a state that does not fit leaves the node untouched
+            strategy.load_state_dict(doc["strategy"])
+            rng = np.random.default_rng()
+            rng.bit_generator.state = doc["rng"]["ctx"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path}: state does not fit {self.scenario.algorithm.name}: {exc!r}") from None
+        self.strategy.load_state_dict(doc["strategy"])
+        self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items()})
+        if self.privacy is not None:
+            self.privacy.load_state_dict(doc["privacy"])
+        self.trainer.generator.set_state(_state_from_hex(doc["rng"]["trainer"]))
+        self.ctx.rng.bit_generator.state = doc["rng"]["ctx"]
+        torch.set_rng_state(_state_from_hex(doc["rng"]["torch"]))
+        if doc["rng"]["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(_state_from_hex(doc["rng"]["cuda"]), self.device)
+        self.endpoint.replay.restore({str(k): int(v) for k, v in doc["replay"].items()})
+        self.counter.earlier = {k: int(v) for k, v in doc["totals"].items()}
+        self.rounds = rounds
+        self.round = self.ctx.round = doc["round"]
+        self.log.info("resumed from %s after round %d", path, self.round)
+        return self.round
+
+    async def _republish(self) -> None:
+        """Serve the restored model at once, so peers that accept stale parts need not wait a round."""
+        if self.round and self.strategy.shared_parts:
+            parts = {p: host_snapshot(part_state(self.model, p)) for p in self.strategy.shared_parts}
+            meta = {"n_train": len(self.data.train), **self.strategy.shared_meta(self.ctx)}
+            await self.endpoint.publish(self.round, self.round, parts, meta)
 
     def result(self, status: str, error: str | None, wall_s: float) -> dict[str, Any]:
         last = self.rounds[-1] if self.rounds else {}
@@ -342,6 +424,14 @@ def epsilon_for_json(epsilon: float | None) -> float | str | None:
     return epsilon
 
 
+def _hex_state(state: torch.Tensor) -> str:
+    return bytes(state.tolist()).hex()
+
+
+def _state_from_hex(text: str) -> torch.Tensor:
+    return torch.tensor(list(bytes.fromhex(text)), dtype=torch.uint8)
+
+
 def _synchronizer(device: torch.device) -> Callable[[], None] | None:
     """Waits for the GPU's queued work, so that a phase's time includes the kernels it launched."""
     if device.type != "cuda":
@@ -353,8 +443,8 @@ def _progress(payload: dict[str, Any]) -> None:
     print(PROGRESS_PREFIX + json.dumps(payload), flush=True)
 
 
-def run_node(config: NodeConfig) -> int:
+def run_node(config: NodeConfig, resume: bool = False) -> int:
     setup_logging(config.id)
-    node = Node(config)
+    node = Node(config, resume=resume)
     result = asyncio.run(node.run())
     return 1 if result["status"] == "failed" else 0

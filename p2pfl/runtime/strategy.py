@@ -150,6 +150,15 @@ class Strategy:
     def setup(self, ctx: RoundContext) -> None:
         """Once per node before round 1."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the strategy has learnt across rounds (JSON-able), for checkpoints; parameters are not state."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` output; a key this strategy does not know is an error, not ignored."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state across rounds, got {sorted(state)}")
+
     def fit(self, ctx: RoundContext) -> FitResult:
         return ctx.trainer.fit(ctx.model, ctx.data.train)
 

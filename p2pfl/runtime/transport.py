@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
 import ssl
 import json
 import logging
@@ -200,7 +201,9 @@ class Endpoint:
         self.retry_s = retry_s
         self.log = log or logging.getLogger(f"p2pfl.{node_id}")
         self.store = PartStore()
-        self._seq = itertools.count(1)
+        # Sequence numbers from the clock (microseconds): a restarted node goes on above every
+        # number its peers saw from it before, so they never take its new messages for replays.
+        self._seq = itertools.count(time.time_ns() // 1000)
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
         self._session: aiohttp.ClientSession | None = None

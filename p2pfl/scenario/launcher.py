@@ -98,12 +98,12 @@ def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | 
 async def _spawn(args: Sequence[str], log_path: Path, threads: int) -> asyncio.subprocess.Process:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.PIPE, stderr=open(log_path, "wb"), env=env,
+        *args, stdout=asyncio.subprocess.PIPE, stderr=open(log_path, "ab"), env=env,
     )
 
 
 async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
-                         progress: bool, timeout_s: float | None) -> dict[str, int]:
+                         progress: bool, timeout_s: float | None, resume: bool = False) -> dict[str, int]:
     threads = scenario.runtime.torch_threads
     procs: dict[str, asyncio.subprocess.Process] = {}
     if coordinator_path is not None:
@@ -111,7 +111,8 @@ async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], 
             [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)], out / "logs" / f"{COORDINATOR_ID}.log", threads
         )
     for path in node_paths:
-        procs[path.stem] = await _spawn([sys.executable, "-m", "p2pfl", "node", str(path)], out / "logs" / f"{path.stem}.log", threads)
+        args = [sys.executable, "-m", "p2pfl", "node", str(path)] + (["--resume"] if resume else [])
+        procs[path.stem] = await _spawn(args, out / "logs" / f"{path.stem}.log", threads)
     bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
                unit="round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
 
@@ -172,20 +173,41 @@ def claim_out(out: Path, force: bool) -> None:
 
 
 def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (), *, progress: bool = True,
-                 timeout_s: float | None = None, quiet: bool = False, force: bool = False) -> tuple[dict[str, Any], int]:
+                 timeout_s: float | None = None, quiet: bool = False, force: bool = False,
+                 resume: bool = False) -> tuple[dict[str, Any], int]:
     """Run one scenario file to completion; returns (results, exit code)."""
     scenario = scenario_from_dict(apply_overrides(read_raw(path), overrides), source=str(path))
-    return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force)
+    return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force, resume=resume)
+
+
+def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
+    """The node configs of the run in `out`, for --resume: same scenario, same keys and ports."""
+    stored = out / "scenario.json"
+    if not stored.is_file():
+        raise ConfigError("--resume", f"{out} holds no run to resume (no scenario.json)")
+    if json.loads(stored.read_text()) != json.loads(json.dumps(scenario.to_dict())):
+        raise ConfigError("--resume", f"the scenario differs from the one the run in {out} was started with")
+    if strategy_class(scenario.algorithm.name).needs_coordinator:
+        raise ConfigError("--resume", f"{scenario.algorithm.name} has a coordinator, which cannot resume yet")
+    paths = [out / "nodes" / f"{nid}.json" for nid in node_ids(scenario.nodes)]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise ConfigError("--resume", f"{out} lacks the node configs {', '.join(missing)}")
+    return paths, None
 
 
 def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
-               quiet: bool = False, force: bool = False) -> tuple[dict[str, Any], int]:
+               quiet: bool = False, force: bool = False, resume: bool = False) -> tuple[dict[str, Any], int]:
     out = Path(out)
-    claim_out(out, force)
     started = time.perf_counter()
     prepare(scenario.data)
-    node_paths, coordinator_path = write_run_folder(scenario, out)
-    codes = asyncio.run(_run_processes(scenario, out, node_paths, coordinator_path, progress, timeout_s))
+    if resume:
+        node_paths, coordinator_path = existing_run_folder(scenario, out.resolve())
+        (out / "results.json").unlink(missing_ok=True)
+    else:
+        claim_out(out, force)
+        node_paths, coordinator_path = write_run_folder(scenario, out)
+    codes = asyncio.run(_run_processes(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume))
     wall_s = time.perf_counter() - started
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed)
     results = build_results(scenario, out, codes, wall_s, partition.ground_truth())

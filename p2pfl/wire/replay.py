@@ -83,3 +83,15 @@ class ReplayGuard:
         with self._lock:
             w = self._senders.get(sender)
             return None if w is None else w.highest
+
+    def snapshot(self) -> dict[str, int]:
+        """Highest seq per sender, to persist: after a restart everything at or below it counts as seen."""
+        with self._lock:
+            return {sender: w.highest for sender, w in self._senders.items()}
+
+    def restore(self, highest: dict[str, int]) -> None:
+        with self._lock:
+            for sender, seq in highest.items():
+                w = self._senders.setdefault(sender, _Window())
+                if seq > w.highest:
+                    w.highest, w.bits = seq, self._mask  # the whole window below it: seen

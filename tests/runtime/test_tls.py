@@ -12,7 +12,7 @@ import pytest
 from p2pfl.runtime.tls import certificate, fingerprint, pin
 from p2pfl.wire import NodeKey
 
-from .helpers import build_in_process, run_in_process, write_tiny
+from .helpers import build_in_process, write_tiny
 
 
 def test_certificate_is_a_function_of_the_key() -> None:

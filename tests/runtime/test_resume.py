@@ -1,0 +1,123 @@
+"""Checkpoints after every round, and --resume: a killed node comes back and finishes with no
+round lost; a corrupt, foreign or other-scenario checkpoint is refused before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2pfl.runtime.checkpoint import CheckpointError
+from p2pfl.runtime.node import PROGRESS_PREFIX, Node
+from p2pfl.scenario.launcher import run_scenario, write_run_folder
+from p2pfl.scenario.schema import load_scenario
+from p2pfl.wire import NodeKey
+
+from .helpers import build_in_process, run_in_process, write_tiny
+
+
+def _pfedsv_nodes(tmp_path: Path, name: str = "run", **over) -> list[Node]:
+    path = write_tiny(tmp_path, nodes=3, rounds=2, samples=60, algorithm="pfedsv", timeout=5.0,
+                      extra='\n[algorithm.params]\nk = 1\n[privacy]\nmode = "output-noise"\nnoise_multiplier = 0.1\n')
+    nodes, _ = build_in_process(path, tmp_path / name, **over)
+    return nodes
+
+
+def test_a_restored_node_is_the_node_that_wrote_the_checkpoint(tmp_path: Path) -> None:
+    nodes = _pfedsv_nodes(tmp_path)
+    run_in_process(nodes, None)
+    original = nodes[0]
+    clone = Node(original.config, original.scenario, resume=True)
+    assert clone.restore() == 2
+    assert clone.strategy.state_dict() == original.strategy.state_dict()
+    assert clone.privacy.state_dict() == original.privacy.state_dict()  # type: ignore[union-attr]
+    assert clone.rounds == json.loads(json.dumps(original.rounds))
+    for k, v in original.model.state_dict().items():
+        assert torch.equal(clone.model.state_dict()[k], v), k
+    # The random streams go on exactly where they were.
+    assert clone.ctx.rng.random() == original.ctx.rng.random()
+    assert torch.equal(torch.rand(3, generator=clone.trainer.generator), torch.rand(3, generator=original.trainer.generator))
+    assert clone.counter.totals() == original.counter.totals()
+
+
+def test_bad_checkpoints_are_refused_and_nothing_is_loaded(tmp_path: Path) -> None:
+    nodes = _pfedsv_nodes(tmp_path)
+    run_in_process(nodes, None)
+    node = nodes[0]
+    path = node.checkpoint_path
+    good = path.read_bytes()
+
+    def refused(match: str, scenario=None) -> None:
+        fresh = Node(node.config, scenario or node.scenario, resume=True)
+        before = {k: v.clone() for k, v in fresh.model.state_dict().items()}
+        with pytest.raises(CheckpointError, match=match):
+            fresh.restore()
+        assert fresh.rounds == [] and fresh.strategy.state_dict()["relevance"] == {}
+        assert all(torch.equal(v, before[k]) for k, v in fresh.model.state_dict().items())
+
+    corrupt = bytearray(good)
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    path.write_bytes(bytes(corrupt))
+    refused("not a valid checkpoint")
+    # Another node's checkpoint, or one signed by another key, under this node's name.
+    path.write_bytes(nodes[1].checkpoint_path.read_bytes())
+    refused("not a valid checkpoint")
+    path.write_bytes(good)
+    other = load_scenario(node.config.scenario, ["train.lr=0.01"])
+    refused("another scenario", other)
+    path.unlink()
+    refused("no checkpoint")
+    assert not NodeKey.load(node.config.key_file).public_hex == ""  # the key itself is untouched
+
+
+@pytest.mark.slow
+def test_a_killed_node_resumes_and_finishes_with_no_round_lost(tmp_path: Path) -> None:
+    scenario_path = write_tiny(tmp_path, nodes=3, rounds=4, samples=200, timeout=6.0)
+    reference, code = run_scenario(scenario_path, tmp_path / "reference", progress=False, quiet=True)
+    assert code == 0
+    scenario = load_scenario(scenario_path)
+    out = tmp_path / "run"
+    paths, _ = write_run_folder(scenario, out)
+
+    def start(path: Path, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "p2pfl", "node", str(path), *extra], stdout=subprocess.PIPE,
+                                stderr=open(out / "logs" / f"{path.stem}.log", "ab"), text=True)
+
+    procs = {p.stem: start(p) for p in paths}
+    try:
+        victim = procs["node-2"]
+        assert victim.stdout is not None
+        for line in victim.stdout:  # killed right after its second round (and its checkpoint)
+            if line.startswith(PROGRESS_PREFIX) and json.loads(line[len(PROGRESS_PREFIX):])["round"] == 2:
+                victim.kill()
+                break
+        victim.wait(timeout=30)
+        first_life = json.loads(json.dumps(Node(load_config(paths[2]), scenario, resume=True).checkpoint_state_from_disk()))
+        procs["node-2"] = start(paths[2], "--resume")
+        for name, proc in procs.items():
+            assert proc.wait(timeout=240) == 0, (out / "logs" / f"{name}.log").read_text()[-3000:]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    result = json.loads((out / "nodes" / "node-2.result.json").read_text())
+    assert result["status"] == "ok"
+    assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+    assert result["rounds"][:2] == first_life["rounds"]  # the first life's rounds, as they were
+    # Peers took the restarted node's parts: its new sequence numbers are above the old ones.
+    for name in ("node-0", "node-1"):
+        peer = json.loads((out / "nodes" / f"{name}.result.json").read_text())
+        assert "node-2" in peer["rounds"][-1]["arrived"], peer["rounds"][-1]
+        assert not any(c["reason"] == "replayed" for c in peer["rejected"]["counts"])
+    uninterrupted = next(n for n in reference["nodes"] if n["id"] == "node-2")
+    assert abs(result["final_test_acc"] - uninterrupted["final_test_acc"]) <= 0.15
+
+
+def load_config(path: Path):
+    from p2pfl.runtime.config import load_node_config
+
+    return load_node_config(path)
