@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _has_attack(folder: Path) -> bool:
+    """A compare folder whose runs have an [attack] table (with a kind other than none)."""
+    import json
+
+    return any(json.loads(p.read_text())["scenario"].get("attack", {}).get("kind", "none") != "none"
+               for p in folder.glob("*/seed*/results.json"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -116,13 +124,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"p2pfl {'coordinator' if path.stem == 'coordinator' else 'node'} {path}")
         return 0
     if args.command == "report":
-        from p2pfl.report import make_report, report_held_out
+        from p2pfl.report import make_report, report_held_out, report_poisoning
 
         for folder in args.folders:
             for path in make_report(folder):
                 print(path)
         if len(args.folders) > 1:
-            print(report_held_out(args.folders, args.out or args.folders[0].parent))
+            out = args.out or args.folders[0].parent
+            if any(_has_attack(f) for f in args.folders):
+                print(report_poisoning(args.folders, out))
+            else:
+                print(report_held_out(args.folders, out))
         return 0
     if args.command == "data":
         from p2pfl.data import show

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from p2pfl.report.tables import held_out_table, write_compare_tables  # noqa: E402
+from p2pfl.report.tables import held_out_table, poisoning_table, write_compare_tables  # noqa: E402
 from p2pfl.runtime.timing import PHASES, compute_fraction  # noqa: E402
 
 PHASE_COLOURS = {"train": "#1f77b4", "privacy": "#9467bd", "evaluate": "#2ca02c", "publish": "#ff7f0e",
@@ -316,6 +316,14 @@ def report_held_out(folders: list[Path], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "held_out.md"
     path.write_text(held_out_table([Path(f) for f in folders]) + "\n")
+    return path
+
+
+def report_poisoning(folders: list[Path], out: Path) -> Path:
+    """`poisoning.md` from an attacked and an attack-free compare folder of one scenario."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "poisoning.md"
+    path.write_text(poisoning_table([Path(f) for f in folders]) + "\n")
     return path
 
 

@@ -163,3 +163,63 @@ def write_compare_tables(folder: Path, out: Path) -> list[Path]:
             (out / f"{key}.md").write_text(table + "\n")
             paths.append(out / f"{key}.md")
     return paths
+
+
+def _attack_of(results: Mapping[str, Any]) -> dict[str, Any] | None:
+    attack = results["scenario"].get("attack")
+    return attack if attack and attack.get("kind", "none") != "none" else None
+
+
+def _honest_acc(results: Mapping[str, Any], attackers: set[int]) -> float | None:
+    accs = _finite(n.get("final_test_acc") for i, n in enumerate(results["nodes"]) if i not in attackers)
+    return statistics.fmean(accs) if accs else None
+
+
+def _stop_rounds(results: Mapping[str, Any], attackers: set[int]) -> tuple[int, float]:
+    """(latest, fraction): the round from which every honest node stopped taking an attacker's
+    model (one past the last round any of them took one; 1 if none ever did), and the share of
+    honest nodes that still took one in the last round."""
+    ids = {results["nodes"][i]["id"] for i in attackers}
+    honest = [n for i, n in enumerate(results["nodes"]) if i not in attackers]
+    last_taken = [max((r["round"] for r in n["rounds"] if ids & set(r.get("arrived", []))), default=0) for n in honest]
+    final = max((r["round"] for n in honest for r in n["rounds"]), default=0)
+    still = sum(1 for last in last_taken if last == final and final > 0)
+    return max(last_taken, default=0) + 1, still / max(len(honest), 1)
+
+
+def poisoning_table(folders: Sequence[Path]) -> str:
+    """Attacked against attack-free compare folders of one scenario: honest nodes' accuracy, and
+    when they stopped downloading the attacker (pFedSV's bound: ceil((n - m - 1) / k) + 1)."""
+    attacked: dict[str, list[dict[str, Any]]] = {}
+    clean: dict[str, list[dict[str, Any]]] = {}
+    for folder in folders:
+        for label, runs in _row_runs(Path(folder)).items():
+            for results in runs:
+                (attacked if _attack_of(results) else clean).setdefault(label, []).append(results)
+    if not attacked:
+        raise ValueError("none of these folders holds a run with an [attack]")
+    spec = _attack_of(next(iter(attacked.values()))[0])
+    assert spec is not None
+    attackers = set(spec["nodes"])
+    head = ["row", "attack", "honest acc, no attack", "honest acc, attacked", "change (pts)",
+            "stopped taking the attacker from round", "bound", "honest nodes taking it in the last round", "seeds"]
+    rows = []
+    for label, runs in attacked.items():
+        base = [_honest_acc(r, attackers) for r in clean.get(label, [])]
+        hit = [_honest_acc(r, attackers) for r in runs]
+        stops = [_stop_rounds(r, attackers) for r in runs]
+        scenario = runs[0]["scenario"]
+        bound = "-"
+        if scenario["algorithm"]["name"] == "pfedsv":
+            k = scenario["algorithm"]["params"].get("k", 5)
+            bound = str(-(-(scenario["nodes"] - len(attackers) - 1) // k) + 1)
+        change = "-"
+        if _finite(base) and _finite(hit):
+            change = f"{100 * (statistics.fmean(_finite(hit)) - statistics.fmean(_finite(base))):+.1f}"
+        rows.append([
+            label, f"{spec['kind']} x{spec.get('scale', 1.0):g}, nodes {sorted(attackers)}",
+            mean_std(base, 100, 1), mean_std(hit, 100, 1), change,
+            f"{statistics.fmean(s[0] for s in stops):.1f} (max {max(s[0] for s in stops)})", bound,
+            mean_std([s[1] for s in stops], 100, 0) + " %", str(len(runs)),
+        ])
+    return _markdown(head, rows)

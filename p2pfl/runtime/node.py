@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms import build_strategy
+from p2pfl.attacks import build_attack
 from p2pfl.data import build_partition
 from p2pfl.models import build_model, part_spec, part_state
 from p2pfl.privacy import build_privacy, prepare_model
@@ -67,11 +68,15 @@ class Node:
         if not 0 <= config.index < len(self.partition.nodes):
             raise ValueError(f"node index {config.index} outside the partition's {len(self.partition.nodes)} nodes")
         self.device = node_device(sc.device, config.index)
-        self.data = data_to_device(self.partition.nodes[config.index], self.device)
+        seed = node_seed(sc.seed, config.index)
+        self.attack = build_attack(sc.attack, config.index, seed)
+        data = self.partition.nodes[config.index]
+        if self.attack is not None:
+            data = self.attack.training_data(data, self.partition.num_classes)
+        self.data = data_to_device(data, self.device)
         torch.manual_seed(sc.seed)  # the same initial model on every node, as FedAvg assumes
         model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
         model.to(self.device)
-        seed = node_seed(sc.seed, config.index)
         self.privacy = build_privacy(
             sc.privacy, n_train=len(self.data.train), batch_size=sc.train.batch_size,
             epochs=sc.train.epochs, rounds=sc.rounds, seed=seed,
@@ -221,6 +226,8 @@ class Node:
         meta = {"n_train": len(self.data.train), **strategy.shared_meta(ctx)}
         if strategy.shared_parts:
             parts = {p: host_snapshot(part_state(self.model, p)) for p in strategy.shared_parts}
+            if self.attack is not None:
+                parts = self.attack.published(parts, host_snapshot(ctx.round_start), r)
             await self.endpoint.publish(r, r, parts, meta)
         clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
         pushes = await asyncio.to_thread(strategy.pushes, ctx)

@@ -27,7 +27,8 @@ else:  # pragma: no cover
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.training import TrainConfig
 
-TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy"}
+TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
+             "attack"}
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
@@ -104,6 +105,7 @@ class Scenario:
     train: TrainConfig
     runtime: RuntimeSpec
     privacy: Any  # p2pfl.privacy.PrivacySpec
+    attack: Any = None  # p2pfl.attacks.AttackSpec
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,11 +116,14 @@ class Scenario:
         for key in ("data", "model", "train", "runtime", "privacy"):
             out[key] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(getattr(self, key)).items()}
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
+        if self.attack is not None and self.attack.kind != "none":  # absent when off: old run folders still match
+            out["attack"] = {**dataclasses.asdict(self.attack), "nodes": list(self.attack.nodes)}
         return out
 
 
 def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
     from p2pfl.algorithms import build_strategy, strategy_class
+    from p2pfl.attacks import AttackSpec
     from p2pfl.data import DataSpec
     from p2pfl.models import MODELS
     from p2pfl.privacy import PrivacySpec
@@ -154,7 +159,9 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     train = _dataclass_from_table(TrainConfig, raw.get("train", {}), "train")
     runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
-    return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, raw=dict(raw))
+    attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
+    return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,
+                    raw=dict(raw))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
