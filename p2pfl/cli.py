@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     coord = sub.add_parser("coordinator", help="run the optional coordinator from its config")
     coord.add_argument("config", type=Path)
+    coord.add_argument("--resume", action="store_true", help="continue from the coordinator's last checkpoint")
 
     cmp_ = sub.add_parser("compare", help="run several algorithms over several seeds and tabulate")
     cmp_.add_argument("scenario", type=Path)
@@ -109,7 +110,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from p2pfl.coordinator.service import run_coordinator
         from p2pfl.runtime.config import load_node_config
 
-        return run_coordinator(load_node_config(args.config))
+        return run_coordinator(load_node_config(args.config), resume=args.resume)
     if args.command == "compare":
         from p2pfl.report.compare import parse_algorithms, run_compare
 

@@ -83,6 +83,14 @@ class Aggregator:
         """Weights (non-negative, summing to 1, in submission order) and info for the record."""
         raise NotImplementedError
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the aggregator keeps across rounds (JSON-able), for the coordinator's checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state across rounds, got {sorted(state)}")
+
     def aggregate(self, round_: int, submissions: list[Submission]) -> GlobalUpdate:
         if not submissions:
             raise ValueError(f"round {round_}: nothing to aggregate")
@@ -136,6 +144,12 @@ class GAAggregator(Aggregator):
         self.metric = fair_metric
         self.center = bool(center)
         self.current: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"current": dict(self.current)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.current = {str(k): float(v) for k, v in state["current"].items()}
 
     def gap(self, sub: Submission) -> float | None:
         if not sub.meta.get("start_is_global", False):

@@ -19,8 +19,9 @@ import torch
 
 from p2pfl.coordinator.aggregators import Submission, build_aggregator
 from p2pfl.data import build_partition
-from p2pfl.models import build_model, load_part, part_spec
+from p2pfl.models import build_model, load_part, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
+from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, save_checkpoint, scenario_digest
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import STATS_META
 from p2pfl.runtime.tls import server_context
@@ -32,8 +33,10 @@ from p2pfl.wire import Message, NodeKey, Roster, WireLimits
 
 
 class Coordinator:
-    def __init__(self, config: NodeConfig, scenario: Scenario | None = None) -> None:
+    def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False) -> None:
         self.config = config
+        self.resume = resume
+        self.checkpoint_path = config.out / "checkpoints" / f"{config.id}.p2pfl"
         self.scenario = sc = scenario or load_scenario(config.scenario, config.overrides)
         self.log = logging.getLogger("p2pfl.coordinator")
         torch.set_num_threads(sc.runtime.torch_threads)
@@ -114,7 +117,13 @@ class Coordinator:
         started = time.perf_counter()
         status, error = "ok", None
         try:
-            for r in range(1, sc.rounds + 1):
+            first = 1
+            if self.resume:
+                first = self.restore() + 1
+                if self.rounds:  # serve the restored global model at once
+                    await self.endpoint.publish(self.round, self.round, {"global": host_snapshot(part_state(self.model, "full"))},
+                                                {"weights": dict(self.rounds[-1]["weights"])})
+            for r in range(first, sc.rounds + 1):
                 self.counter.begin_round(r)
                 t0 = time.perf_counter()
                 got = await self.collect(r)
@@ -140,6 +149,7 @@ class Coordinator:
                 })
                 self.log.info("round %d aggregated from %d nodes, held-out acc %s", r, len(got), held_acc)
                 self.submissions.pop(r, None)
+                await asyncio.to_thread(self.write_checkpoint)
         except Exception as exc:
             status, error = "failed", "".join(traceback.format_exception(exc))
             self.log.error("coordinator failed:\n%s", error)
@@ -157,9 +167,42 @@ class Coordinator:
         return result
 
 
-def run_coordinator(config: NodeConfig) -> int:
+    # ---- checkpoints ----------------------------------------------------------------------
+    def write_checkpoint(self) -> None:
+        state = {
+            "node": self.config.id, "scenario": scenario_digest(self.scenario.to_dict()), "round": len(self.rounds),
+            "rounds": self.rounds, "aggregator": self.aggregator.state_dict(), "expected": sorted(self.expected),
+            "replay": self.endpoint.replay.snapshot(), "totals": self.counter.totals(),
+        }
+        save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.endpoint.key, node_id=self.config.id,
+                        round_=len(self.rounds), extra=state)
+
+    def restore(self) -> int:
+        """Load the last checkpoint, checked in full first; returns the last aggregated round."""
+        tensors, doc = read_resumable(self.checkpoint_path, node_id=self.config.id,
+                                      public_hex=self.endpoint.key.public_hex, scenario=self.scenario.to_dict(),
+                                      rounds=self.scenario.rounds, spec=self.spec)
+        fresh = build_aggregator(self.scenario.algorithm.name, self.scenario.algorithm.params, rounds=self.scenario.rounds)
+        try:
+            fresh.load_state_dict(doc["aggregator"])
+            expected = {str(n) for n in doc["expected"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {self.checkpoint_path}: state does not fit "
+                                  f"{self.scenario.algorithm.name}: {exc!r}") from None
+        self.aggregator = fresh
+        self.expected = expected & set(self.config.peers)
+        load_part(self.model, {k: v.to(self.device) for k, v in tensors.items()})
+        self.endpoint.replay.restore({str(k): int(v) for k, v in doc["replay"].items()})
+        self.counter.earlier = {k: int(v) for k, v in doc["totals"].items()}
+        self.rounds = doc["rounds"]
+        self.round = doc["round"]
+        self.log.info("resumed from %s after round %d", self.checkpoint_path, self.round)
+        return self.round
+
+
+def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
     from p2pfl.runtime.node import setup_logging
 
     setup_logging(config.id)
-    result = asyncio.run(Coordinator(config).run())
+    result = asyncio.run(Coordinator(config, resume=resume).run())
     return 1 if result["status"] == "failed" else 0

@@ -85,3 +85,24 @@ def load_checkpoint(path: Path, *, node_id: str, public_hex: str) -> dict[str, t
 def scenario_digest(scenario: Mapping[str, Any]) -> str:
     """Identifies a resolved scenario, so that a checkpoint is never resumed under another one."""
     return hashlib.sha256(json.dumps(scenario, sort_keys=True).encode()).hexdigest()
+
+
+def read_resumable(path: Path, *, node_id: str, public_hex: str, scenario: Mapping[str, Any], rounds: int,
+                   spec: Mapping[str, tuple[tuple[int, ...], str]]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A checkpoint that this node (or coordinator) can resume from, verified in full before the
+    caller loads anything: its signature, owner, scenario, model shapes and round records."""
+    if not Path(path).exists():
+        raise CheckpointError(f"--resume: no checkpoint at {path}")
+    tensors, doc = read_checkpoint(path, node_id=node_id, public_hex=public_hex)
+    if doc is None:
+        raise CheckpointError(f"checkpoint {path} holds a model but no node state; it cannot be resumed")
+    if doc.get("node") != node_id:
+        raise CheckpointError(f"checkpoint {path} belongs to {doc.get('node')!r}, not {node_id}")
+    if doc.get("scenario") != scenario_digest(scenario):
+        raise CheckpointError(f"checkpoint {path} was written for another scenario; resume with the same one")
+    if set(tensors) != set(spec) or any(tuple(tensors[k].shape) != tuple(spec[k][0]) for k in spec):
+        raise CheckpointError(f"checkpoint {path} does not hold this scenario's model")
+    records = doc.get("rounds")
+    if not isinstance(records, list) or len(records) != doc.get("round") or doc["round"] > rounds:
+        raise CheckpointError(f"checkpoint {path}: round {doc.get('round')!r} does not match its records")
+    return tensors, doc

@@ -26,7 +26,7 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model, part_spec, part_state
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.checkpoint import CheckpointError, read_checkpoint, save_checkpoint, scenario_digest
+from p2pfl.runtime.checkpoint import CheckpointError, read_checkpoint, read_resumable, save_checkpoint, scenario_digest
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
@@ -357,21 +357,10 @@ class Node:
         """Load the last checkpoint; returns the last complete round. Everything is checked before
         anything is applied: a corrupt, foreign or other-scenario checkpoint raises CheckpointError."""
         path, cfg = self.checkpoint_path, self.config
-        if not path.exists():
-            raise CheckpointError(f"--resume: no checkpoint at {path}")
-        tensors, doc = read_checkpoint(path, node_id=cfg.id, public_hex=self.endpoint.key.public_hex)
-        if doc is None:
-            raise CheckpointError(f"checkpoint {path} holds a model but no node state; it cannot be resumed")
-        if doc.get("node") != cfg.id:
-            raise CheckpointError(f"checkpoint {path} belongs to {doc.get('node')!r}, not {cfg.id}")
-        if doc.get("scenario") != scenario_digest(self.scenario.to_dict()):
-            raise CheckpointError(f"checkpoint {path} was written for another scenario; resume with the same one")
-        spec = part_spec(self.model, "full")
-        if set(tensors) != set(spec) or any(tuple(tensors[k].shape) != spec[k][0] for k in spec):
-            raise CheckpointError(f"checkpoint {path} does not hold this scenario's model")
+        tensors, doc = read_resumable(path, node_id=cfg.id, public_hex=self.endpoint.key.public_hex,
+                                      scenario=self.scenario.to_dict(), rounds=self.scenario.rounds,
+                                      spec=part_spec(self.model, "full"))
         rounds = doc["rounds"]
-        if not isinstance(rounds, list) or len(rounds) != doc["round"] or doc["round"] > self.scenario.rounds:
-            raise CheckpointError(f"checkpoint {path}: round {doc.get('round')!r} does not match its records")
         strategy = type(self.strategy)(**dict(self.scenario.algorithm.params))
         try:  # on a fresh strategy first: a state that does not fit leaves the node untouched
             strategy.load_state_dict(doc["strategy"])

@@ -108,7 +108,8 @@ async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], 
     procs: dict[str, asyncio.subprocess.Process] = {}
     if coordinator_path is not None:
         procs[COORDINATOR_ID] = await _spawn(
-            [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)], out / "logs" / f"{COORDINATOR_ID}.log", threads
+            [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)] + (["--resume"] if resume else []),
+            out / "logs" / f"{COORDINATOR_ID}.log", threads,
         )
     for path in node_paths:
         args = [sys.executable, "-m", "p2pfl", "node", str(path)] + (["--resume"] if resume else [])
@@ -187,13 +188,12 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
         raise ConfigError("--resume", f"{out} holds no run to resume (no scenario.json)")
     if json.loads(stored.read_text()) != json.loads(json.dumps(scenario.to_dict())):
         raise ConfigError("--resume", f"the scenario differs from the one the run in {out} was started with")
-    if strategy_class(scenario.algorithm.name).needs_coordinator:
-        raise ConfigError("--resume", f"{scenario.algorithm.name} has a coordinator, which cannot resume yet")
     paths = [out / "nodes" / f"{nid}.json" for nid in node_ids(scenario.nodes)]
-    missing = [p.name for p in paths if not p.is_file()]
+    coordinator = out / "nodes" / f"{COORDINATOR_ID}.json" if strategy_class(scenario.algorithm.name).needs_coordinator else None
+    missing = [p.name for p in [*paths, coordinator] if p is not None and not p.is_file()]
     if missing:
         raise ConfigError("--resume", f"{out} lacks the node configs {', '.join(missing)}")
-    return paths, None
+    return paths, coordinator
 
 
 def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
