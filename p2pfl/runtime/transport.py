@@ -216,10 +216,6 @@ class Endpoint:
         self.rejections = RejectionLog(self.log)
 
     # ---- server -----------------------------------------------------------------------
-    @property
-    def rejected(self) -> RejectionLog:
-        return self.rejections
-
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_message_bytes, middlewares=[self._no_server_errors])
         app.router.add_get("/v1/parts/{part}", self._serve_part)
@@ -337,9 +333,17 @@ class Endpoint:
         if total > limit:
             return self._reject(UNVERIFIED, 413, f"body of {total} bytes exceeds the limit of {limit}", kind="oversized")
         sender, verified = None, False
+        received = 0  # what was actually read: a rejected frame is counted by the bytes that crossed
+
+        async def read(n: int) -> bytes:
+            nonlocal received
+            data = await self._read_exactly(request, n)
+            received += len(data)
+            return data
+
         try:
-            prefix = await self._read_exactly(request, min(PREFIX_BYTES, total))
-            head = prefix + await self._read_exactly(request, head_length(prefix, total, self.limits) - len(prefix))
+            prefix = await read(min(PREFIX_BYTES, total))
+            head = prefix + await read(head_length(prefix, total, self.limits) - len(prefix))
             header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
             sender, verified = header.sender, True
             if header.kind == GOODBYE:
@@ -347,12 +351,12 @@ class Endpoint:
             else:
                 expected, schema = self.expected_for(header.kind, header.part), self.meta_schema_for(header.kind, header.part)
             if expected is None:
-                self.counter.received(REJECTED, len(head), 0)
+                self.counter.received(REJECTED, received, 0)
                 return self._reject(header.sender, 400, f"{self.node_id} does not accept kind={quote(header.kind, 40)} "
                                     f"part={quote(header.part, 40)}", kind="unexpected_kind")
             if schema is not None:
                 check_meta(header.meta, schema)
-            body = await self._read_exactly(request, total - len(head))
+            body = await read(total - len(head))
             message = open_message(head, body=body, roster=self.roster, recipient=self.node_id, replay=self.replay,
                                    limits=self.limits, expected=expected)
         except asyncio.IncompleteReadError as exc:
@@ -362,7 +366,7 @@ class Endpoint:
             return self._reject(sender_label(sender, verified), 408,
                                 f"request body not received within {self.server_limits.read_timeout_s:g} s", kind="read_timeout")
         except WireError as exc:
-            self.counter.received(REJECTED, total, 0)
+            self.counter.received(REJECTED, received, 0)
             return self._reject(sender_label(sender, verified), exc.status, str(exc), kind=exc.reason)
         if message.header.kind == GOODBYE:
             self.counter.received(CONTROL, message.total_bytes, 0)

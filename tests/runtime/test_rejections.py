@@ -96,7 +96,7 @@ def test_bad_messages_are_rejected_and_change_nothing(tmp_path):
     assert [(m.sender, m.part, m.version) for m in arrived] == [("node-1", "body", 1)]
     for k, v in node.model.state_dict().items():
         assert torch.equal(v, before[k]), k
-    assert len(node.endpoint.rejected) == len(cases) + 2
+    assert len(node.endpoint.rejections) == len(cases) + 2
 
 
 def test_node_keeps_running_under_bad_traffic(tmp_path):
