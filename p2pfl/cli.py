@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("config", type=Path)
     node.add_argument("--resume", action="store_true", help="continue from the node's last checkpoint")
 
+    worker = sub.add_parser("worker", help="run several nodes in this process (placement = \"shared\")")
+    worker.add_argument("configs", type=Path, nargs="+")
+    worker.add_argument("--resume", action="store_true", help="continue every node from its last checkpoint")
+
     coord = sub.add_parser("coordinator", help="run the optional coordinator from its config")
     coord.add_argument("config", type=Path)
     coord.add_argument("--resume", action="store_true", help="continue from the coordinator's last checkpoint")
@@ -106,6 +110,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from p2pfl.runtime.node import run_node
 
         return run_node(load_node_config(args.config), resume=args.resume)
+    if args.command == "worker":
+        from p2pfl.runtime.worker import run_worker
+
+        return run_worker(args.configs, resume=args.resume)
     if args.command == "coordinator":
         from p2pfl.coordinator.service import run_coordinator
         from p2pfl.runtime.config import load_node_config

@@ -64,13 +64,14 @@ class Node:
         self.log = logging.getLogger(f"p2pfl.{config.id}")
         sc = self.scenario
         torch.set_num_threads(sc.runtime.torch_threads)
-        self.partition = build_partition(sc.data, sc.nodes, sc.seed)
-        if not 0 <= config.index < len(self.partition.nodes):
-            raise ValueError(f"node index {config.index} outside the partition's {len(self.partition.nodes)} nodes")
+        if not 0 <= config.index < sc.nodes:
+            raise ValueError(f"node index {config.index} outside the scenario's {sc.nodes} nodes")
+        # Only this node's tensors: nodes sharing a worker process must not each hold everybody's images.
+        self.partition = build_partition(sc.data, sc.nodes, sc.seed, only=[config.index])
         self.device = node_device(sc.device, config.index)
         seed = node_seed(sc.seed, config.index)
         self.attack = build_attack(sc.attack, config.index, seed)
-        data = self.partition.nodes[config.index]
+        data = self.partition.node(config.index)
         if self.attack is not None:
             data = self.attack.training_data(data, self.partition.num_classes)
         self.data = data_to_device(data, self.device)

@@ -95,6 +95,15 @@ def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | 
     return paths, coordinator_path
 
 
+def _process_plan(scenario: Scenario, node_paths: list[Path]) -> dict[str, list[Path]]:
+    """Process name -> the node configs it runs: one node each, or nodes dealt round-robin
+    over `runtime.workers` worker processes (default one per core) with placement "shared"."""
+    if scenario.runtime.placement == "process":
+        return {p.stem: [p] for p in node_paths}
+    workers = min(scenario.runtime.workers or os.cpu_count() or 1, len(node_paths))
+    return {f"worker-{w}": node_paths[w::workers] for w in range(workers)}
+
+
 async def _spawn(args: Sequence[str], log_path: Path, threads: int) -> asyncio.subprocess.Process:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return await asyncio.create_subprocess_exec(
@@ -111,9 +120,12 @@ async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], 
             [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)] + (["--resume"] if resume else []),
             out / "logs" / f"{COORDINATOR_ID}.log", threads,
         )
-    for path in node_paths:
-        args = [sys.executable, "-m", "p2pfl", "node", str(path)] + (["--resume"] if resume else [])
-        procs[path.stem] = await _spawn(args, out / "logs" / f"{path.stem}.log", threads)
+    hosted: dict[str, str] = {}  # node id -> the process that runs it
+    for name, paths in _process_plan(scenario, node_paths).items():
+        command = "node" if len(paths) == 1 and name == paths[0].stem else "worker"
+        args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + (["--resume"] if resume else [])
+        procs[name] = await _spawn(args, out / "logs" / f"{name}.log", threads)
+        hosted.update((p.stem, name) for p in paths)
     bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
                unit="round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
 
@@ -145,7 +157,9 @@ async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], 
                 task.cancel()
                 procs[name].kill()
                 codes[name] = -9
-        return codes
+        # Per node: the exit status of the process that ran it (a worker's covers all its nodes).
+        return {**{node: codes[proc] for node, proc in hosted.items()},
+                **({COORDINATOR_ID: codes[COORDINATOR_ID]} if COORDINATOR_ID in codes else {})}
     finally:
         bar.close()
         for p in procs.values():

@@ -69,6 +69,9 @@ class AlgorithmSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
+PLACEMENTS = ("process", "shared")
+
+
 @dataclass(frozen=True)
 class RuntimeSpec:
     fetch_timeout_s: float = 60.0     # longest wait for a peer's version of this round
@@ -79,6 +82,8 @@ class RuntimeSpec:
     linger_s: float = 60.0            # keep serving after the last round until peers are done
     start_wait_s: float = 30.0        # before round 1, wait this long at most for every peer to be up
     tls: bool = False                 # HTTPS between nodes, certificates pinned by fingerprint (no CA)
+    placement: str = "process"        # "process": one OS process per node; "shared": nodes share worker processes
+    workers: int = 0                  # worker processes for placement = "shared" (0: one per core)
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
 
@@ -86,6 +91,10 @@ class RuntimeSpec:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"runtime.{name}", f"must be > 0, got {getattr(self, name)}")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError("runtime.placement", f"unknown placement {self.placement!r}; choose one of {PLACEMENTS}")
+        if self.workers < 0:
+            raise ConfigError("runtime.workers", f"must be >= 0 (0: one per core), got {self.workers}")
         if not self.start_wait_s >= 0:
             raise ConfigError("runtime.start_wait_s", f"must be >= 0, got {self.start_wait_s}")
         if self.torch_threads < 1:

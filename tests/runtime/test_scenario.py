@@ -27,6 +27,8 @@ from .helpers import write_tiny
         ("train.batch_size=1.5", "train.batch_size"),
         ("runtime.fetch_timeout_s=0", "runtime.fetch_timeout_s"),
         ("runtime.linger=3", "runtime.linger"),
+        ("runtime.placement='ray'", "runtime.placement"),
+        ("runtime.workers=-1", "runtime.workers"),
         ("data.partition='random'", "data.partition"),
         ("data.dataset='imagenet'", "data.dataset"),
         ("privacy.mode='magic'", "privacy.mode"),
