@@ -209,6 +209,7 @@ class Node:
 
     async def run_round(self, r: int) -> dict[str, Any]:
         started = time.perf_counter()
+        started_at = time.time()
         clock = PhaseClock(sync=_synchronizer(self.device))
         ctx, strategy = self.ctx, self.strategy
         self.round = ctx.round = r
@@ -251,6 +252,7 @@ class Node:
             "train_steps": fit.steps,
             **self.counter.round_summary(r),
             "wall_s": time.perf_counter() - started,
+            "started_at": started_at,
             "time": time_record,
             "epsilon": epsilon,
             "arrived": sorted(m.sender for m in arrived),

@@ -535,13 +535,16 @@ class Endpoint:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         silent = set(peers)
+        backoff = self.retry_s
         while silent and loop.time() < deadline:
             names = sorted(silent)
             statuses = await asyncio.gather(*(self.status_of(p, timeout=max(0.1, min(2.0, deadline - loop.time())))
                                               for p in names))
             silent = {p for p, s in zip(names, statuses) if s is None}
             if silent:
-                await asyncio.sleep(min(self.retry_s, max(deadline - loop.time(), 0)))
+                # Backing off: with N nodes starting together, N(N-1) polls a round would crowd out the start itself.
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 4.0)
         return silent
 
     async def linger(self, peers: set[str], seconds: float) -> None:

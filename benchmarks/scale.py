@@ -1,0 +1,114 @@
+"""How many nodes one machine holds: wall per round, start-up and peak memory by placement.
+
+    python benchmarks/scale.py [SCENARIO] [--nodes 10,30,100] [--process 10] [--set key=value ...]
+
+For each N the scenario runs with `nodes = N` in `shared` placement (nodes as asyncio tasks
+in one worker process per core), and for the `--process` sizes also with one OS process per
+node, side by side. Printed per run: start-up (launch to the moment the last node began
+round 1), wall per round (the slowest node's mean round `wall_s`), the whole launcher wall,
+and the peak RSS summed over every process of the run (this script's children, sampled
+from /proc every 0.2 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from p2pfl.scenario.launcher import run_loaded
+from p2pfl.scenario.schema import load_scenario
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        children = [p for p, parent in parents.items() if parent == pid]
+        out += children
+        frontier += children
+    return out
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class PeakMemory:
+    """Samples the summed RSS of this process's descendants until stopped."""
+
+    def __init__(self, every_s: float = 0.2) -> None:
+        self.every_s = every_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, sum(_rss_bytes(p) for p in _descendants(os.getpid())))
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(path: str, overrides: list[str], nodes: int, placement: str) -> dict[str, float]:
+    scenario = load_scenario(path, [*overrides, f"nodes={nodes}", f'runtime.placement="{placement}"'])
+    with tempfile.TemporaryDirectory() as tmp, PeakMemory() as memory:
+        launched = time.time()
+        results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True)
+    if code != 0:
+        raise SystemExit(f"{placement} with {nodes} nodes failed: {results['summary']['nodes_failed'][:5]}")
+    first = [n["rounds"][0]["started_at"] for n in results["nodes"]]
+    per_round = max(statistics.fmean(r["wall_s"] for r in n["rounds"]) for n in results["nodes"])
+    return {"startup_s": max(first) - launched, "round_s": per_round, "wall_s": results["summary"]["wall_s"],
+            "peak_gb": memory.peak / 1e9, "acc": results["summary"]["mean_acc"],
+            "gb_per_round": results["summary"]["total_bytes"] / scenario.rounds / 1e9}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", nargs="?", default="scenarios/scale.toml")
+    parser.add_argument("--nodes", default="10,30,100", help="comma-separated sizes for the shared placement")
+    parser.add_argument("--process", default="10", help="sizes also run with one process per node ('' for none)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    runs = [("process", int(n)) for n in args.process.split(",") if n.strip()]
+    runs += [("shared", int(n)) for n in args.nodes.split(",") if n.strip()]
+    base = load_scenario(args.scenario, args.overrides)
+    print(f"{base.name}: {base.algorithm.name}, {base.model.name}, {base.rounds} rounds, {os.cpu_count()} cores; "
+          f"workers per shared run: {base.runtime.workers or os.cpu_count()}")
+    print(f"{'placement':<10}{'nodes':>6}{'start-up s':>12}{'s / round':>11}{'wall s':>9}{'peak RSS GB':>13}"
+          f"{'GB / round':>12}{'acc':>7}")
+    for placement, n in runs:
+        m = measure(args.scenario, args.overrides, n, placement)
+        print(f"{placement:<10}{n:>6}{m['startup_s']:>12.1f}{m['round_s']:>11.1f}{m['wall_s']:>9.1f}"
+              f"{m['peak_gb']:>13.2f}{m['gb_per_round']:>12.2f}{m['acc']:>7.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
