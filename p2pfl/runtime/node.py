@@ -116,6 +116,8 @@ class Node:
             log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
         )
         self.rounds: list[dict[str, Any]] = []
+        # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
+        self.participation_rng = np.random.default_rng([seed, 0x5EA7])
         self.checkpoint_path = config.out / "checkpoints" / f"{config.id}.p2pfl"
 
     # ---- endpoint callbacks ---------------------------------------------------------------
@@ -245,6 +247,7 @@ class Node:
         time_record = clock.stop()
         record: dict[str, Any] = {
             "round": r,
+            "participated": True,
             "test_acc": test_acc,
             "test_loss": test_loss,
             "test_acc_aggregated": acc_agg,
@@ -262,6 +265,26 @@ class Node:
         if refused is not None:
             record["aggregate_refused"] = refused
         return record
+
+    async def sit_out(self, r: int) -> dict[str, Any]:
+        """A round this node does not take part in: no training, no downloads; it keeps serving its
+        last version, and a GET for this round answers at once, so no peer waits for it."""
+        started, started_at = time.perf_counter(), time.time()
+        clock = PhaseClock(sync=_synchronizer(self.device))
+        self.round = self.ctx.round = r
+        self.counter.begin_round(r)
+        self.artefacts.begin_round(r)
+        await self.endpoint.store.sit_out(r)
+        clock.switch("evaluate")
+        test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        time_record = clock.stop()
+        return {
+            "round": r, "participated": False, "test_acc": test_acc, "test_loss": test_loss,
+            "test_acc_aggregated": test_acc, "train_loss": None, "train_steps": 0,
+            **self.counter.round_summary(r), "wall_s": time.perf_counter() - started, "started_at": started_at,
+            "time": time_record, "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
+            "arrived": [], "stale": [], "strategy": {},
+        }
 
     def _refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
         """Keep the pre-aggregation model when the aggregate holds NaN or Inf (peers' values can
@@ -302,7 +325,8 @@ class Node:
                     )
                     goodbye = f"privacy budget exhausted before round {r}"
                     break
-                record = await self.run_round(r)
+                takes_part = sc.runtime.participation >= 1 or self.participation_rng.random() < sc.runtime.participation
+                record = await (self.run_round(r) if takes_part else self.sit_out(r))
                 self.rounds.append(record)
                 await asyncio.to_thread(self.write_checkpoint)
                 _progress({"id": cfg.id, "round": r, "test_acc": record["test_acc"]})
@@ -335,6 +359,7 @@ class Node:
         rng = {
             "trainer": _hex_state(self.trainer.generator.get_state()),
             "ctx": self.ctx.rng.bit_generator.state,
+            "participation": self.participation_rng.bit_generator.state,
             "torch": _hex_state(torch.get_rng_state()),
             "cuda": _hex_state(torch.cuda.get_rng_state(self.device)) if self.device.type == "cuda" else None,
         }
@@ -369,6 +394,7 @@ class Node:
             strategy.load_state_dict(doc["strategy"])
             rng = np.random.default_rng()
             rng.bit_generator.state = doc["rng"]["ctx"]
+            rng.bit_generator.state = doc["rng"]["participation"]
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {path}: state does not fit {self.scenario.algorithm.name}: {exc!r}") from None
         self.strategy.load_state_dict(doc["strategy"])
@@ -377,6 +403,7 @@ class Node:
             self.privacy.load_state_dict(doc["privacy"])
         self.trainer.generator.set_state(_state_from_hex(doc["rng"]["trainer"]))
         self.ctx.rng.bit_generator.state = doc["rng"]["ctx"]
+        self.participation_rng.bit_generator.state = doc["rng"]["participation"]
         torch.set_rng_state(_state_from_hex(doc["rng"]["torch"]))
         if doc["rng"]["cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(_state_from_hex(doc["rng"]["cuda"]), self.device)

@@ -137,7 +137,14 @@ class PartStore:
 
     def __init__(self) -> None:
         self.latest: Published | None = None
+        # Rounds up to here this node sits out (partial participation): nobody waits for them.
+        self.sitting_out_through = 0
         self._changed = asyncio.Condition()
+
+    async def sit_out(self, round_: int) -> None:
+        async with self._changed:
+            self.sitting_out_through = max(self.sitting_out_through, round_)
+            self._changed.notify_all()
 
     async def publish(self, published: Published) -> None:
         async with self._changed:
@@ -151,6 +158,8 @@ class PartStore:
 
     async def wait_for(self, min_version: int, timeout: float) -> Published | None:
         def ready() -> bool:
+            if self.sitting_out_through >= min_version:
+                return True
             return self.latest is not None and self.latest.version >= min_version
 
         async with self._changed:
@@ -305,6 +314,8 @@ class Endpoint:
         finally:
             self._reads_by_peer[requester] -= 1
         if published is None:
+            if self.store.sitting_out_through >= min_version:
+                return web.Response(status=404, text=f"{self.node_id} sits out round {min_version} and has published nothing yet")
             return web.Response(status=204)
         body = published.bodies.get(part)
         if body is None:

@@ -84,6 +84,7 @@ class RuntimeSpec:
     tls: bool = False                 # HTTPS between nodes, certificates pinned by fingerprint (no CA)
     placement: str = "process"        # "process": one OS process per node; "shared": nodes share worker processes
     workers: int = 0                  # worker processes for placement = "shared" (0: one per core)
+    participation: float = 1.0        # chance that a node takes part in a round (its own seeded draw)
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
 
@@ -93,6 +94,8 @@ class RuntimeSpec:
                 raise ConfigError(f"runtime.{name}", f"must be > 0, got {getattr(self, name)}")
         if self.placement not in PLACEMENTS:
             raise ConfigError("runtime.placement", f"unknown placement {self.placement!r}; choose one of {PLACEMENTS}")
+        if not 0 < self.participation <= 1:
+            raise ConfigError("runtime.participation", f"must be in (0, 1], got {self.participation}")
         if self.workers < 0:
             raise ConfigError("runtime.workers", f"must be >= 0 (0: one per core), got {self.workers}")
         if not self.start_wait_s >= 0:
@@ -169,6 +172,9 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
+    if runtime.participation < 1 and strategy_class(algo_name).needs_coordinator:
+        raise ConfigError("runtime.participation", f"{algo_name} has a coordinator, which waits for every node; "
+                                                   "partial participation needs a serverless algorithm")
     return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,
                     raw=dict(raw))
 
