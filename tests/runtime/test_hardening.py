@@ -193,7 +193,7 @@ def test_an_unauthenticated_sender_is_refused_before_its_body_is_read(tmp_path: 
 
 def test_slow_and_silent_connections_are_closed_and_connections_are_capped(tmp_path: Path) -> None:
     peer_key = NodeKey.generate()
-    node = _serving(tmp_path, peer_key, ServerLimits(read_timeout_s=0.5, max_connections=4))
+    node = _serving(tmp_path, peer_key, ServerLimits(read_timeout_s=1.5, max_connections=4))
 
     async def scenario() -> dict[str, Any]:
         base = await _started(node)
@@ -201,11 +201,11 @@ def test_slow_and_silent_connections_are_closed_and_connections_are_capped(tmp_p
         try:
             # No headers at all: closed after read_timeout_s.
             reader, writer = await asyncio.open_connection("127.0.0.1", node.config.port)
-            out["silent"] = await asyncio.wait_for(reader.read(), 3.0)
+            out["silent"] = await asyncio.wait_for(reader.read(), 6.0)
             writer.close()
             # Headers, then a body that stops: 408.
             frame = model_frame(peer_key, node, seq=5)
-            out["stalled"], _ = await _raw_post(node.config.port, frame[:1024], len(frame), timeout=3.0)
+            out["stalled"], _ = await _raw_post(node.config.port, frame[:1024], len(frame), timeout=6.0)
             # Over the connection cap: the fifth is closed at once; the first four stay usable.
             held = [await asyncio.open_connection("127.0.0.1", node.config.port) for _ in range(4)]
             reader, writer = await asyncio.open_connection("127.0.0.1", node.config.port)
