@@ -21,7 +21,7 @@ from p2pfl.coordinator.aggregators import Submission, build_aggregator
 from p2pfl.data import build_partition
 from p2pfl.models import build_model, load_part, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, save_checkpoint, scenario_digest
+from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import STATS_META
 from p2pfl.runtime.tls import server_context
@@ -170,9 +170,8 @@ class Coordinator:
     # ---- checkpoints ----------------------------------------------------------------------
     def write_checkpoint(self) -> None:
         state = {
-            "node": self.config.id, "scenario": scenario_digest(self.scenario.to_dict()), "round": len(self.rounds),
-            "rounds": self.rounds, "aggregator": self.aggregator.state_dict(), "expected": sorted(self.expected),
-            "replay": self.endpoint.replay.snapshot(), "totals": self.counter.totals(),
+            **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
+            "aggregator": self.aggregator.state_dict(), "expected": sorted(self.expected),
         }
         save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.endpoint.key, node_id=self.config.id,
                         round_=len(self.rounds), extra=state)
@@ -192,8 +191,7 @@ class Coordinator:
         self.aggregator = fresh
         self.expected = expected & set(self.config.peers)
         load_part(self.model, {k: v.to(self.device) for k, v in tensors.items()})
-        self.endpoint.replay.restore({str(k): int(v) for k, v in doc["replay"].items()})
-        self.counter.earlier = {k: int(v) for k, v in doc["totals"].items()}
+        restore_run_state(doc, self.endpoint.replay, self.counter)
         self.rounds = doc["rounds"]
         self.round = doc["round"]
         self.log.info("resumed from %s after round %d", self.checkpoint_path, self.round)

@@ -54,13 +54,17 @@ def noise_for_target(target_epsilon: float, delta: float, sample_rate: float, st
 
 def generator_states(generators: dict[str, torch.Generator]) -> dict[str, str]:
     """Noise generators' states by device, as hex, for checkpoints."""
-    return {device: bytes(g.get_state().tolist()).hex() for device, g in generators.items()}
+    from p2pfl.training import rng_state_hex
+
+    return {device: rng_state_hex(g.get_state()) for device, g in generators.items()}
 
 
 def restore_generators(generators: dict[str, torch.Generator], states: dict[str, str],
                        make: Callable[[torch.device], torch.Generator]) -> None:
     import torch
 
+    from p2pfl.training import rng_state_from_hex
+
     for device, state in states.items():
         generator = generators.get(device) or make(torch.device(device))
-        generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))
+        generator.set_state(rng_state_from_hex(state))

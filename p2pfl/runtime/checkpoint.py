@@ -106,3 +106,16 @@ def read_resumable(path: Path, *, node_id: str, public_hex: str, scenario: Mappi
     if not isinstance(records, list) or len(records) != doc.get("round") or doc["round"] > rounds:
         raise CheckpointError(f"checkpoint {path}: round {doc.get('round')!r} does not match its records")
     return tensors, doc
+
+
+def run_state(node_id: str, scenario: Mapping[str, Any], rounds: list[dict[str, Any]], replay: Any,
+              totals: Mapping[str, int]) -> dict[str, Any]:
+    """The fields every resumable checkpoint holds (node or coordinator); callers add their own."""
+    return {"node": node_id, "scenario": scenario_digest(scenario), "round": len(rounds), "rounds": rounds,
+            "replay": replay.snapshot(), "totals": dict(totals)}
+
+
+def restore_run_state(doc: Mapping[str, Any], replay: Any, counter: Any) -> None:
+    """Put back what `run_state` saved about the wire: peers' replay windows and byte totals."""
+    replay.restore({str(k): int(v) for k, v in doc["replay"].items()})
+    counter.earlier = {k: int(v) for k, v in doc["totals"].items()}

@@ -26,7 +26,14 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model, part_spec, part_state
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.checkpoint import CheckpointError, read_checkpoint, read_resumable, save_checkpoint, scenario_digest
+from p2pfl.runtime.checkpoint import (
+    CheckpointError,
+    read_checkpoint,
+    read_resumable,
+    restore_run_state,
+    run_state,
+    save_checkpoint,
+)
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
@@ -35,7 +42,7 @@ from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.transport import Endpoint
 from p2pfl.scenario.schema import Scenario, load_scenario
-from p2pfl.training import LocalTrainer
+from p2pfl.training import LocalTrainer, rng_state_from_hex, rng_state_hex
 from p2pfl.wire import Message, NodeKey, Roster, WireLimits
 
 PROGRESS_PREFIX = "P2PFL-PROGRESS "
@@ -348,7 +355,9 @@ class Node:
         result = self.result(status, error, time.perf_counter() - started)
         result["checkpoint"] = str(self.checkpoint_path)
         if status != "failed" or not self.checkpoint_path.exists():
-            self.write_checkpoint()  # a failed round's half-trained model never replaces the last good checkpoint
+            # Again at exit, with the final byte totals (linger included); a failed round's
+            # half-trained model never replaces the last good checkpoint.
+            self.write_checkpoint()
         (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)
         (cfg.out / "nodes" / f"{cfg.id}.result.json").write_text(json.dumps(result, indent=1))
         return result
@@ -357,17 +366,17 @@ class Node:
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything besides the model that the next round depends on."""
         rng = {
-            "trainer": _hex_state(self.trainer.generator.get_state()),
+            "trainer": rng_state_hex(self.trainer.generator.get_state()),
             "ctx": self.ctx.rng.bit_generator.state,
             "participation": self.participation_rng.bit_generator.state,
-            "torch": _hex_state(torch.get_rng_state()),
-            "cuda": _hex_state(torch.cuda.get_rng_state(self.device)) if self.device.type == "cuda" else None,
+            "torch": rng_state_hex(torch.get_rng_state()),
+            "cuda": rng_state_hex(torch.cuda.get_rng_state(self.device)) if self.device.type == "cuda" else None,
         }
         return {
-            "node": self.config.id, "scenario": scenario_digest(self.scenario.to_dict()), "round": len(self.rounds),
-            "rounds": self.rounds, "strategy": self.strategy.state_dict(),
+            **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
+            "strategy": self.strategy.state_dict(),
             "privacy": None if self.privacy is None else self.privacy.state_dict(),
-            "rng": rng, "replay": self.endpoint.replay.snapshot(), "totals": self.counter.totals(),
+            "rng": rng,
         }
 
     def write_checkpoint(self) -> None:
@@ -401,14 +410,13 @@ class Node:
         self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items()})
         if self.privacy is not None:
             self.privacy.load_state_dict(doc["privacy"])
-        self.trainer.generator.set_state(_state_from_hex(doc["rng"]["trainer"]))
+        self.trainer.generator.set_state(rng_state_from_hex(doc["rng"]["trainer"]))
         self.ctx.rng.bit_generator.state = doc["rng"]["ctx"]
         self.participation_rng.bit_generator.state = doc["rng"]["participation"]
-        torch.set_rng_state(_state_from_hex(doc["rng"]["torch"]))
+        torch.set_rng_state(rng_state_from_hex(doc["rng"]["torch"]))
         if doc["rng"]["cuda"] is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state(_state_from_hex(doc["rng"]["cuda"]), self.device)
-        self.endpoint.replay.restore({str(k): int(v) for k, v in doc["replay"].items()})
-        self.counter.earlier = {k: int(v) for k, v in doc["totals"].items()}
+            torch.cuda.set_rng_state(rng_state_from_hex(doc["rng"]["cuda"]), self.device)
+        restore_run_state(doc, self.endpoint.replay, self.counter)
         self.rounds = rounds
         self.round = self.ctx.round = doc["round"]
         self.log.info("resumed from %s after round %d", path, self.round)
@@ -448,14 +456,6 @@ def epsilon_for_json(epsilon: float | None) -> float | str | None:
     if epsilon is not None and math.isinf(epsilon):
         return "inf"
     return epsilon
-
-
-def _hex_state(state: torch.Tensor) -> str:
-    return bytes(state.tolist()).hex()
-
-
-def _state_from_hex(text: str) -> torch.Tensor:
-    return torch.tensor(list(bytes.fromhex(text)), dtype=torch.uint8)
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None] | None:

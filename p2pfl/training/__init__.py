@@ -81,6 +81,15 @@ class PrivacyMechanism(Protocol):
         ...
 
 
+def rng_state_hex(state: torch.Tensor) -> str:
+    """A torch generator's state (uint8 tensor) as hex, for JSON checkpoints."""
+    return state.cpu().numpy().tobytes().hex()
+
+
+def rng_state_from_hex(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(bytes.fromhex(text)), dtype=torch.uint8)
+
+
 def _split_tensors(split: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return split.x, split.y
 
