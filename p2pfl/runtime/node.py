@@ -217,14 +217,12 @@ class Node:
         ))
 
     async def run_round(self, r: int) -> dict[str, Any]:
-        started = time.perf_counter()
         started_at = time.time()
-        clock = PhaseClock(sync=_synchronizer(self.device))
+        clock = PhaseClock("train", sync=_synchronizer(self.device))
         ctx, strategy = self.ctx, self.strategy
         self.round = ctx.round = r
         self.counter.begin_round(r)
         self.artefacts.begin_round(r)
-        clock.switch("train")
         ctx.round_start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         fit = await asyncio.to_thread(strategy.fit, ctx)
         clock.switch("privacy")
@@ -261,7 +259,7 @@ class Node:
             "train_loss": fit.loss,
             "train_steps": fit.steps,
             **self.counter.round_summary(r),
-            "wall_s": time.perf_counter() - started,
+            "wall_s": sum(time_record.values()),
             "started_at": started_at,
             "time": time_record,
             "epsilon": epsilon,
@@ -276,8 +274,8 @@ class Node:
     async def sit_out(self, r: int) -> dict[str, Any]:
         """A round this node does not take part in: no training, no downloads; it keeps serving its
         last version, and a GET for this round answers at once, so no peer waits for it."""
-        started, started_at = time.perf_counter(), time.time()
-        clock = PhaseClock(sync=_synchronizer(self.device))
+        started_at = time.time()
+        clock = PhaseClock("exchange", sync=_synchronizer(self.device))
         self.round = self.ctx.round = r
         self.counter.begin_round(r)
         self.artefacts.begin_round(r)
@@ -288,7 +286,7 @@ class Node:
         return {
             "round": r, "participated": False, "test_acc": test_acc, "test_loss": test_loss,
             "test_acc_aggregated": test_acc, "train_loss": None, "train_steps": 0,
-            **self.counter.round_summary(r), "wall_s": time.perf_counter() - started, "started_at": started_at,
+            **self.counter.round_summary(r), "wall_s": sum(time_record.values()), "started_at": started_at,
             "time": time_record, "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
             "arrived": [], "stale": [], "strategy": {},
         }

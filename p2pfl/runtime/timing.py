@@ -28,10 +28,12 @@ class PhaseClock:
     during one phase is not charged to the next.
     """
 
-    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+    def __init__(self, phase: str, sync: Callable[[], None] | None = None) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
         self._sync = sync
         self.seconds = dict.fromkeys(PHASES, 0.0)
-        self._phase: str | None = None
+        self._phase: str | None = phase
         self._since = time.perf_counter()
 
     def switch(self, phase: str | None) -> None:
@@ -45,7 +47,8 @@ class PhaseClock:
         self._phase, self._since = phase, now
 
     def stop(self) -> dict[str, float]:
-        """End the running phase; `{train_s, privacy_s, ...}`."""
+        """End the running phase; `{train_s, privacy_s, ...}`. The clock runs from construction
+        to here without a gap, so the phases sum to the round's wall time."""
         self.switch(None)
         return {f"{p}_s": s for p, s in self.seconds.items()}
 

@@ -15,9 +15,8 @@ from p2pfl.training import LocalTrainer, TrainConfig
 
 def test_phase_clock_charges_the_running_phase_and_syncs_at_each_switch() -> None:
     syncs = []
-    clock = PhaseClock(sync=lambda: syncs.append(1))
     started = time.perf_counter()
-    clock.switch("train")
+    clock = PhaseClock("train", sync=lambda: syncs.append(1))
     time.sleep(0.05)
     clock.switch("exchange")
     time.sleep(0.02)
@@ -31,7 +30,9 @@ def test_phase_clock_charges_the_running_phase_and_syncs_at_each_switch() -> Non
     assert sum(seconds.values()) == pytest.approx(wall, abs=1e-3)
     assert len(syncs) == 3  # leaving train, exchange, train
     with pytest.raises(ValueError, match="unknown phase 'gpu'"):
-        PhaseClock().switch("gpu")
+        PhaseClock("train").switch("gpu")
+    with pytest.raises(ValueError, match="unknown phase 'idle'"):
+        PhaseClock("idle")
 
 
 def test_compute_fraction_is_compute_phases_over_wall() -> None:
