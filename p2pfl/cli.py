@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replace a run already in --out (its results, logs, checkpoints and keys are deleted first)")
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out from each node's last complete round (same scenario)")
+    run.add_argument("--ray", metavar="auto|HOST:PORT", default=None,
+                     help='run the nodes on a Ray cluster (runtime.placement = "ray"); start one with `ray start --head`')
     _add_set(run)
 
     node = sub.add_parser("node", help="run one node from a node config (LAN deployment)")
@@ -102,7 +105,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.force and args.resume:
             raise ConfigError("--resume", "--force replaces the run that --resume would continue; pass one of them")
-        _, code = run_scenario(args.scenario, args.out, args.overrides, progress=not args.no_progress,
+        overrides = list(args.overrides)
+        if args.ray is not None:
+            overrides += ['runtime.placement="ray"', f"runtime.ray_address={json.dumps(args.ray)}"]
+        _, code = run_scenario(args.scenario, args.out, overrides, progress=not args.no_progress,
                                timeout_s=args.timeout, force=args.force, resume=args.resume)
         return code
     if args.command == "node":

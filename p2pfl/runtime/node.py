@@ -63,10 +63,18 @@ def setup_logging(node_id: str, level: int = logging.INFO) -> logging.Logger:
     return logging.getLogger(f"p2pfl.{node_id}")
 
 
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
 class Node:
-    def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False) -> None:
+    """`on_round` hears `{id, round, test_acc}` after every round (default: a progress line on
+    stdout, which the launcher of one process per node reads)."""
+
+    def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False,
+                 on_round: RoundCallback | None = None) -> None:
         self.config = config
         self.resume = resume
+        self.on_round = on_round or _progress
         self.scenario = scenario or load_scenario(config.scenario, config.overrides)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
         sc = self.scenario
@@ -334,7 +342,7 @@ class Node:
                 record = await (self.run_round(r) if takes_part else self.sit_out(r))
                 self.rounds.append(record)
                 await asyncio.to_thread(self.write_checkpoint)
-                _progress({"id": cfg.id, "round": r, "test_acc": record["test_acc"]})
+                self.on_round({"id": cfg.id, "round": r, "test_acc": record["test_acc"]})
         except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
             status = "failed"
             error = "".join(traceback.format_exception(exc))

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import time
-import ssl
 import json
 import logging
+import socket
+import ssl
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,19 @@ GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that n
 ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
 MAX_WAIT_S = 600.0
 MAX_VERSION = 2**62
+
+
+def free_ports(count: int, host: str) -> list[int]:
+    """`count` ports on `host` that nobody listens on now (bound together, so all distinct)."""
+    sockets, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind((host, 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
 
 
 @dataclass(frozen=True)

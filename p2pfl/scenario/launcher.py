@@ -11,10 +11,9 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +28,14 @@ from p2pfl.runtime.config import NodeConfig, PeerInfo
 from p2pfl.runtime.node import PROGRESS_PREFIX
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
+from p2pfl.runtime.transport import free_ports
+from p2pfl.scenario.ray_placement import RayWorkers, connect
 from p2pfl.scenario.results import build_results, format_summary, node_ids
 from p2pfl.scenario.schema import Scenario, apply_overrides, read_raw, scenario_from_dict
 from p2pfl.wire import NodeKey
 
 
 COORDINATOR_GRACE_S = 30.0  # how long the coordinator may outlive the last node
-
-
-def free_ports(count: int, host: str) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind((host, 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def peer_info(scenario: Scenario, node_id: str, key: NodeKey, host: str, port: int) -> PeerInfo:
@@ -56,8 +45,11 @@ def peer_info(scenario: Scenario, node_id: str, key: NodeKey, host: str, port: i
     return PeerInfo(f"http://{host}:{port}", key.public_hex)
 
 
-def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
-    """Keys, resolved scenario and one config per process; returns node config paths and the coordinator's."""
+def write_run_folder(scenario: Scenario, out: Path,
+                     addresses: Mapping[str, tuple[str, int]] | None = None) -> tuple[list[Path], Path | None]:
+    """Keys, resolved scenario and one config per node (and the coordinator); returns node config
+    paths and the coordinator's. `addresses` (id -> host, port) places them; default: free ports
+    on `runtime.host`."""
     out = out.resolve()  # node configs hold absolute paths: their own folder is not the working directory
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("keys", "nodes", "logs", "artefacts"):
@@ -71,13 +63,14 @@ def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | 
     keys = {i: NodeKey.generate() for i in all_ids}
     for i, key in keys.items():
         key.save(out / "keys" / f"{i}.key")
-    ports = dict(zip(all_ids, free_ports(len(all_ids), host)))
-    infos = {i: peer_info(scenario, i, keys[i], host, ports[i]) for i in all_ids}
+    if addresses is None:
+        addresses = dict(zip(all_ids, ((host, port) for port in free_ports(len(all_ids), host))))
+    infos = {i: peer_info(scenario, i, keys[i], *addresses[i]) for i in all_ids}
     coordinator = infos.get(COORDINATOR_ID)
     paths = []
     for index, nid in enumerate(ids):
         cfg = NodeConfig(
-            id=nid, index=index, host=host, port=ports[nid], key_file=out / "keys" / f"{nid}.key",
+            id=nid, index=index, host=addresses[nid][0], port=addresses[nid][1], key_file=out / "keys" / f"{nid}.key",
             scenario=scenario_path, out=out, peers={p: infos[p] for p in ids if p != nid}, coordinator=coordinator,
         )
         path = out / "nodes" / f"{nid}.json"
@@ -86,7 +79,7 @@ def write_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | 
     coordinator_path = None
     if needs_coordinator:
         cfg = NodeConfig(
-            id=COORDINATOR_ID, index=0, host=host, port=ports[COORDINATOR_ID],
+            id=COORDINATOR_ID, index=0, host=addresses[COORDINATOR_ID][0], port=addresses[COORDINATOR_ID][1],
             key_file=out / "keys" / f"{COORDINATOR_ID}.key", scenario=scenario_path, out=out,
             peers={p: infos[p] for p in ids},
         )
@@ -111,60 +104,116 @@ async def _spawn(args: Sequence[str], log_path: Path, threads: int) -> asyncio.s
     )
 
 
-async def _run_processes(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
-                         progress: bool, timeout_s: float | None, resume: bool = False) -> dict[str, int]:
-    threads = scenario.runtime.torch_threads
+Hosts = dict[str, tuple[list[str], Awaitable[dict[str, int]]]]  # host name -> its node ids, and their exit statuses
+
+
+async def _hosts_as_processes(scenario: Scenario, out: Path, node_paths: list[Path], resume: bool,
+                              tick: Callable[[], None]) -> tuple[Hosts, Callable[[], None]]:
+    """Start the node or worker processes; and how to kill what is left of them."""
     procs: dict[str, asyncio.subprocess.Process] = {}
-    if coordinator_path is not None:
-        procs[COORDINATOR_ID] = await _spawn(
-            [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)] + (["--resume"] if resume else []),
-            out / "logs" / f"{COORDINATOR_ID}.log", threads,
-        )
-    hosted: dict[str, str] = {}  # node id -> the process that runs it
+    hosts: Hosts = {}
+
+    async def follow(proc: asyncio.subprocess.Process, nodes: list[str]) -> dict[str, int]:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
+                tick()
+        return dict.fromkeys(nodes, await proc.wait())  # a worker's status covers all its nodes
+
     for name, paths in _process_plan(scenario, node_paths).items():
         command = "node" if len(paths) == 1 and name == paths[0].stem else "worker"
         args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + (["--resume"] if resume else [])
-        procs[name] = await _spawn(args, out / "logs" / f"{name}.log", threads)
-        hosted.update((p.stem, name) for p in paths)
-    bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
-               unit="round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+        procs[name] = await _spawn(args, out / "logs" / f"{name}.log", scenario.runtime.torch_threads)
+        nodes = [p.stem for p in paths]
+        hosts[name] = (nodes, follow(procs[name], nodes))
 
-    async def follow(name: str, proc: asyncio.subprocess.Process) -> int:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            text = line.decode(errors="replace").strip()
-            if text.startswith(PROGRESS_PREFIX):
-                bar.update(1)
-        return await proc.wait()
-
-    tasks = {name: asyncio.create_task(follow(name, p)) for name, p in procs.items()}
-    nodes = [t for name, t in tasks.items() if name != COORDINATOR_ID]
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else loop.time() + timeout_s
-    try:
-        await asyncio.wait(nodes, timeout=timeout_s)
-        coordinator = tasks.get(COORDINATOR_ID)
-        if coordinator is not None and not coordinator.done():
-            # Every node is done: the coordinator has nobody left to wait for. It normally
-            # stops by itself (nodes that fail say goodbye); this bounds the case where one was killed.
-            grace = COORDINATOR_GRACE_S if deadline is None else max(0.0, min(COORDINATOR_GRACE_S, deadline - loop.time()))
-            await asyncio.wait([coordinator], timeout=grace)
-        codes = {}
-        for name, task in tasks.items():
-            if task.done():
-                codes[name] = task.result()
-            else:
-                task.cancel()
-                procs[name].kill()
-                codes[name] = -9
-        # Per node: the exit status of the process that ran it (a worker's covers all its nodes).
-        return {**{node: codes[proc] for node, proc in hosted.items()},
-                **({COORDINATOR_ID: codes[COORDINATOR_ID]} if COORDINATOR_ID in codes else {})}
-    finally:
-        bar.close()
+    def kill() -> None:
         for p in procs.values():
             if p.returncode is None:
                 p.kill()
+
+    return hosts, kill
+
+
+def _hosts_on_ray(workers: RayWorkers, out: Path, resume: bool, bar: tqdm) -> tuple[Hosts, Callable[[], None]]:
+    """Start every Ray actor on its share; progress is polled, as actors have no stdout to read."""
+    futures = workers.launch(out, resume)
+
+    async def follow(name: str) -> dict[str, int]:
+        try:
+            answer = await futures[name]
+        except Exception as exc:  # the actor died (or its host did): its nodes have no results
+            print(f"{name} on Ray failed: {exc!r}", file=sys.stderr)
+            return dict.fromkeys(workers.shares[name], -9)
+        return workers.collect(out, name, answer)
+
+    async def poll() -> None:
+        while not all(f.done() for f in futures.values()):
+            bar.update(max(0, await workers.rounds_done() - bar.n))
+            await asyncio.sleep(0.5)
+
+    poller = asyncio.ensure_future(poll())
+    return {name: (ids, follow(name)) for name, ids in workers.shares.items()}, poller.cancel
+
+
+async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
+                     progress: bool, timeout_s: float | None, resume: bool = False,
+                     ray_workers: RayWorkers | None = None) -> dict[str, int]:
+    """Run the coordinator (as a process here) and the nodes in their placement; node id -> exit status."""
+    coordinator = None
+    if coordinator_path is not None:
+        coordinator = await _spawn(
+            [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)] + (["--resume"] if resume else []),
+            out / "logs" / f"{COORDINATOR_ID}.log", scenario.runtime.torch_threads,
+        )
+    bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
+               unit="round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    kill_hosts: Callable[[], None] = lambda: None
+    try:
+        if ray_workers is None:
+            hosts, kill_hosts = await _hosts_as_processes(scenario, out, node_paths, resume, lambda: bar.update(1))
+        else:
+            hosts, kill_hosts = _hosts_on_ray(ray_workers, out, resume, bar)
+        tasks = {name: asyncio.ensure_future(run) for name, (_, run) in hosts.items()}
+        coordinator_task = None if coordinator is None else asyncio.ensure_future(coordinator.wait())
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        await asyncio.wait(tasks.values(), timeout=timeout_s)
+        if coordinator_task is not None and not coordinator_task.done():
+            # Every node is done: the coordinator has nobody left to wait for. It normally
+            # stops by itself (nodes that fail say goodbye); this bounds the case where one was killed.
+            grace = COORDINATOR_GRACE_S if deadline is None else max(0.0, min(COORDINATOR_GRACE_S, deadline - loop.time()))
+            await asyncio.wait([coordinator_task], timeout=grace)
+        codes: dict[str, int] = {}
+        for name, task in tasks.items():
+            if task.done():
+                codes.update(task.result())
+            else:
+                task.cancel()
+                codes.update(dict.fromkeys(hosts[name][0], -9))
+        if coordinator_task is not None:
+            codes[COORDINATOR_ID] = coordinator_task.result() if coordinator_task.done() else -9
+        return codes
+    finally:
+        bar.close()
+        kill_hosts()
+        if coordinator is not None and coordinator.returncode is None:
+            coordinator.kill()
+
+
+def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float | None) -> dict[str, int]:
+    ray = connect(scenario.runtime.ray_address)
+    workers = RayWorkers.start(ray, node_ids(scenario.nodes), scenario.runtime.workers)
+    try:
+        addresses = workers.addresses()
+        if strategy_class(scenario.algorithm.name).needs_coordinator:
+            here = ray.util.get_node_ip_address()  # reachable from every actor, unlike loopback
+            addresses[COORDINATOR_ID] = (here, free_ports(1, here)[0])
+        node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
+        return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
+                                      ray_workers=workers))
+    finally:
+        workers.stop()
 
 
 RUN_ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report")
@@ -216,12 +265,19 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     started = time.perf_counter()
     prepare(scenario.data)
     if resume:
+        if scenario.runtime.placement == "ray":
+            raise ConfigError("--resume", "a run on Ray cannot be resumed yet (its workers' ports are gone); "
+                                          "start it again, or run it with placement \"shared\" to resume")
         node_paths, coordinator_path = existing_run_folder(scenario, out.resolve())
         (out / "results.json").unlink(missing_ok=True)
+        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume))
+    elif scenario.runtime.placement == "ray":
+        claim_out(out, force)
+        codes = _run_on_ray(scenario, out, progress, timeout_s)
     else:
         claim_out(out, force)
         node_paths, coordinator_path = write_run_folder(scenario, out)
-    codes = asyncio.run(_run_processes(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume))
+        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s))
     wall_s = time.perf_counter() - started
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed)
     results = build_results(scenario, out, codes, wall_s, partition.ground_truth())

@@ -69,7 +69,7 @@ class AlgorithmSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
-PLACEMENTS = ("process", "shared")
+PLACEMENTS = ("process", "shared", "ray")
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,10 @@ class RuntimeSpec:
     linger_s: float = 60.0            # keep serving after the last round until peers are done
     start_wait_s: float = 30.0        # before round 1, wait this long at most for every peer to be up
     tls: bool = False                 # HTTPS between nodes, certificates pinned by fingerprint (no CA)
-    placement: str = "process"        # "process": one OS process per node; "shared": nodes share worker processes
-    workers: int = 0                  # worker processes for placement = "shared" (0: one per core)
+    placement: str = "process"        # "process": one OS process per node; "shared": nodes share worker processes;
+                                      # "ray": the workers are actors on a Ray cluster
+    workers: int = 0                  # worker processes ("shared") or actors ("ray"); 0: one per core / cluster CPU
+    ray_address: str = "auto"         # the Ray cluster for placement = "ray" (`ray start --head` prints it)
     participation: float = 1.0        # chance that a node takes part in a round (its own seeded draw)
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps

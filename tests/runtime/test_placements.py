@@ -1,0 +1,173 @@
+"""Placements: one process per node, nodes sharing worker processes, and workers as Ray actors.
+Nodes talk over the signed HTTP wire in all three; same scenario and seed, same run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2pfl.cli import main
+from p2pfl.errors import ConfigError
+from p2pfl.runtime.checkpoint import load_checkpoint
+from p2pfl.runtime.transport import free_ports
+from p2pfl.scenario import ray_placement
+from p2pfl.scenario.launcher import run_scenario
+from p2pfl.wire import NodeKey
+
+from .helpers import write_tiny
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path: Path, algorithm: str, placement: str, *extra: str) -> tuple[Path, dict]:
+    (tmp_path / placement).mkdir(parents=True, exist_ok=True)
+    scenario = write_tiny(tmp_path / placement, nodes=4, rounds=2, samples=60, algorithm=algorithm, timeout=30.0)
+    out = tmp_path / placement / "run"
+    results, code = run_scenario(scenario, out, [f'runtime.placement="{placement}"', "runtime.workers=2", *extra],
+                                 progress=False, quiet=True)
+    assert code == 0, [(n["id"], n.get("error")) for n in results["nodes"]]
+    return out, results
+
+
+def _assert_same_run(out_a: Path, a_results: dict, out_b: Path, b_results: dict) -> None:
+    """Same accuracies, losses and arrivals every round, and bit-equal final models."""
+    for a, b in zip(a_results["nodes"], b_results["nodes"], strict=True):
+        assert a["id"] == b["id"] and a["status"] == b["status"] == "ok"
+        for ra, rb in zip(a["rounds"], b["rounds"], strict=True):
+            assert (ra["test_acc"], ra["test_loss"], ra["train_loss"]) == (rb["test_acc"], rb["test_loss"], rb["train_loss"])
+            assert ra["arrived"] == rb["arrived"]
+        states = [
+            load_checkpoint(out / "checkpoints" / f"{a['id']}.p2pfl", node_id=a["id"],
+                            public_hex=NodeKey.load(out / "keys" / f"{a['id']}.key").public_hex)
+            for out in (out_a, out_b)
+        ]
+        for name, tensor in states[0].items():
+            assert torch.equal(tensor, states[1][name]), (a["id"], name)
+
+
+@pytest.mark.parametrize("algorithm", ["local", "fedavg"])
+def test_shared_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str) -> None:
+    (out_p, process), (out_s, shared) = _run(tmp_path, algorithm, "process"), _run(tmp_path, algorithm, "shared")
+    assert sorted(p.name for p in (out_s / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
+    _assert_same_run(out_p, process, out_s, shared)
+    assert json.loads((out_s / "scenario.json").read_text())["runtime"]["placement"] == "shared"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A local Ray cluster with 2 CPUs, held by a child process; gone when its stdin closes.
+    Without token authentication, as `ray start --head` starts one; the launcher joins it from
+    this process, so this process must not ask for a token either."""
+    pytest.importorskip("ray")
+    auth, os.environ["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE"), "disabled"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, ray\n"
+         "info = ray.init(num_cpus=2, include_dashboard=False, logging_level='ERROR')\n"
+         "print(info.address_info['gcs_address'], flush=True)\n"
+         "sys.stdin.read()\n"
+         "ray.shutdown()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout is not None and holder.stdin is not None
+    address = holder.stdout.readline().strip()
+    assert address, "the Ray head did not start"
+    try:
+        yield address
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+        if auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth
+
+
+@pytest.mark.parametrize("algorithm", ["local", "fedavg"])
+def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str,
+                                                                  ray_cluster: str) -> None:
+    out_p, process = _run(tmp_path, algorithm, "process")
+    out_r, on_ray = _run(tmp_path, algorithm, "ray", f'runtime.ray_address="{ray_cluster}"')
+    _assert_same_run(out_p, process, out_r, on_ray)
+    # What the actors wrote came back into the run folder; what they were given stayed here.
+    assert sorted(p.name for p in (out_r / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
+    assert "p2pfl.node-0 INFO listening on" in (out_r / "logs" / "worker-0.log").read_text()
+    assert all((out_r / "nodes" / f"node-{i}.result.json").is_file() for i in range(4))
+    urls = json.loads((out_r / "nodes" / "node-0.json").read_text())["peers"]["node-1"]["url"]
+    assert urls.startswith("http://") and not urls.startswith("http://0.0.0.0")
+
+
+def test_ray_runs_an_algorithm_with_a_coordinator(tmp_path: Path, ray_cluster: str) -> None:
+    out, results = _run(tmp_path, "di", "ray", f'runtime.ray_address="{ray_cluster}"')
+    assert results["coordinator"] is not None and results["summary"]["nodes_ok"] == 4
+
+
+def test_ray_without_a_cluster_or_without_ray_is_a_clear_config_error(tmp_path: Path, monkeypatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write_tiny(tmp_path, nodes=2, rounds=1)
+    nobody = f"127.0.0.1:{free_ports(1, '127.0.0.1')[0]}"
+    code = main(["run", str(scenario), "--out", str(tmp_path / "run"), "--ray", nobody, "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "runtime.ray_address" in err and "ray start --head" in err
+    assert not (tmp_path / "run" / "results.json").exists()
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r'runtime.placement.*pip install -e "\.\[ray\]"'):
+        ray_placement.connect("auto")
+
+
+def _worker_pids(run_folder: Path, worker: str) -> list[int]:
+    """The process ids whose command line runs `worker`'s node configs in `run_folder`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" in cmd and any(str(run_folder / "nodes" / worker).encode() in c for c in cmd):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker through /proc")
+def test_a_worker_that_dies_fails_its_nodes_and_the_others_finish(tmp_path: Path) -> None:
+    scenario = write_tiny(tmp_path, nodes=4, rounds=4, samples=60, timeout=3.0)
+    out = (tmp_path / "run").resolve()
+    killed: list[int] = []
+
+    def kill_worker_1_after_round_1() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "checkpoints" / "node-1.p2pfl").exists():
+            time.sleep(0.05)
+        for pid in _worker_pids(out, "node-1.json"):  # worker-1 hosts node-1 and node-3
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    killer = threading.Thread(target=kill_worker_1_after_round_1)
+    killer.start()
+    results, code = run_scenario(scenario, out, ['runtime.placement="shared"', "runtime.workers=2", "runtime.linger_s=2"],
+                                 progress=False, quiet=True)
+    killer.join()
+    assert killed, "worker-1 was not found"
+    assert code == 1
+    by_id = {n["id"]: n for n in results["nodes"]}
+    assert sorted(results["summary"]["nodes_failed"]) == ["node-1", "node-3"]
+    for nid in ("node-1", "node-3"):
+        assert by_id[nid]["status"] == "failed" and by_id[nid]["exit_code"] == -signal.SIGKILL
+    for nid in ("node-0", "node-2"):
+        assert by_id[nid]["status"] == "ok" and len(by_id[nid]["rounds"]) == 4
