@@ -1,10 +1,12 @@
 """How many nodes one machine holds: wall per round, start-up and peak memory by placement.
 
-    python benchmarks/scale.py [SCENARIO] [--nodes 10,30,100] [--process 10] [--set key=value ...]
+    python benchmarks/scale.py [SCENARIO] [--nodes 10,30,100] [--process 10]
+        [--algorithms fedavg,pfedsv] [--topologies full,regular:4] [--set key=value ...]
 
-For each N the scenario runs with `nodes = N` in `shared` placement (nodes as asyncio tasks
-in one worker process per core), and for the `--process` sizes also with one OS process per
-node, side by side. Printed per run: start-up (launch to the moment the last node began
+For each algorithm, topology and N the scenario runs with `nodes = N` in `shared` placement
+(nodes as asyncio tasks in one worker process per core), and for the `--process` sizes (first
+algorithm, first topology) also with one OS process per node, side by side. pFedSV runs with
+k = 5 downloads per round. Printed per run: start-up (launch to the moment the last node began
 round 1), wall per round (the slowest node's mean round `wall_s`), the whole launcher wall,
 and the peak RSS summed over every process of the run (this script's children, sampled
 from /proc every 0.2 s).
@@ -76,13 +78,21 @@ class PeakMemory:
         self._thread.join()
 
 
-def measure(path: str, overrides: list[str], nodes: int, placement: str) -> dict[str, float]:
-    scenario = load_scenario(path, [*overrides, f"nodes={nodes}", f'runtime.placement="{placement}"'])
+PFEDSV_K = 5
+
+
+def measure(path: str, overrides: list[str], nodes: int, placement: str, algorithm: str,
+            topology: str) -> dict[str, float]:
+    extra = [f'algorithm.name="{algorithm}"', f'runtime.topology="{topology}"']
+    if algorithm == "pfedsv":
+        extra.append(f"algorithm.params.k={PFEDSV_K}")
+    scenario = load_scenario(path, [*overrides, *extra, f"nodes={nodes}", f'runtime.placement="{placement}"'])
     with tempfile.TemporaryDirectory() as tmp, PeakMemory() as memory:
         launched = time.time()
         results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True)
     if code != 0:
-        raise SystemExit(f"{placement} with {nodes} nodes failed: {results['summary']['nodes_failed'][:5]}")
+        raise SystemExit(f"{algorithm} {topology} {placement} with {nodes} nodes failed: "
+                         f"{results['summary']['nodes_failed'][:5]}")
     first = [n["rounds"][0]["started_at"] for n in results["nodes"]]
     per_round = max(statistics.fmean(r["wall_s"] for r in n["rounds"]) for n in results["nodes"])
     return {"startup_s": max(first) - launched, "round_s": per_round, "wall_s": results["summary"]["wall_s"],
@@ -95,19 +105,23 @@ def main() -> None:
     parser.add_argument("scenario", nargs="?", default="scenarios/scale.toml")
     parser.add_argument("--nodes", default="10,30,100", help="comma-separated sizes for the shared placement")
     parser.add_argument("--process", default="10", help="sizes also run with one process per node ('' for none)")
+    parser.add_argument("--algorithms", default="fedavg,pfedsv")
+    parser.add_argument("--topologies", default="full,regular:4")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    runs = [("process", int(n)) for n in args.process.split(",") if n.strip()]
-    runs += [("shared", int(n)) for n in args.nodes.split(",") if n.strip()]
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
+    runs = [(algorithms[0], topologies[0], "process", int(n)) for n in args.process.split(",") if n.strip()]
+    runs += [(a, t, "shared", int(n)) for a in algorithms for t in topologies for n in args.nodes.split(",") if n.strip()]
     base = load_scenario(args.scenario, args.overrides)
-    print(f"{base.name}: {base.algorithm.name}, {base.model.name}, {base.rounds} rounds, {os.cpu_count()} cores; "
-          f"workers per shared run: {base.runtime.workers or os.cpu_count()}")
-    print(f"{'placement':<10}{'nodes':>6}{'start-up s':>12}{'s / round':>11}{'wall s':>9}{'peak RSS GB':>13}"
-          f"{'GB / round':>12}{'acc':>7}")
-    for placement, n in runs:
-        m = measure(args.scenario, args.overrides, n, placement)
-        print(f"{placement:<10}{n:>6}{m['startup_s']:>12.1f}{m['round_s']:>11.1f}{m['wall_s']:>9.1f}"
-              f"{m['peak_gb']:>13.2f}{m['gb_per_round']:>12.2f}{m['acc']:>7.3f}", flush=True)
+    print(f"{base.name}: {base.model.name}, {base.rounds} rounds, {os.cpu_count()} cores; "
+          f"workers per shared run: {base.runtime.workers or os.cpu_count()}; pfedsv k = {PFEDSV_K}")
+    print(f"{'algorithm':<10}{'topology':<11}{'placement':<10}{'nodes':>6}{'start-up s':>12}{'s / round':>11}"
+          f"{'wall s':>9}{'peak RSS GB':>13}{'GB / round':>12}{'acc':>7}")
+    for algorithm, topology, placement, n in runs:
+        m = measure(args.scenario, args.overrides, n, placement, algorithm, topology)
+        print(f"{algorithm:<10}{topology:<11}{placement:<10}{n:>6}{m['startup_s']:>12.1f}{m['round_s']:>11.1f}"
+              f"{m['wall_s']:>9.1f}{m['peak_gb']:>13.2f}{m['gb_per_round']:>12.2f}{m['acc']:>7.3f}", flush=True)
 
 
 if __name__ == "__main__":

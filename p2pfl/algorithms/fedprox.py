@@ -52,6 +52,7 @@ class FedProx(FedAvg):
     def __init__(self, mu: float = 0.01) -> None:
         if not (mu >= 0 and mu != float("inf")):
             raise ValueError(f"mu must be a finite number >= 0, got {mu}")
+        super().__init__()
         self.mu = mu
 
     def fit(self, ctx: RoundContext) -> FitResult:

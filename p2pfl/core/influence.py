@@ -297,6 +297,46 @@ def combine_states(states: Sequence[State], weights: torch.Tensor | Sequence[flo
     return out
 
 
+class RunningWeightedMean:
+    """Σᵢ wᵢ stateᵢ / Σᵢ wᵢ folded in one state at a time, so a caller never holds them all.
+
+    Sums in float64 like `combine_states`, so the order in which states are added moves the
+    result by far less than the float32 rounding of the answer. Integer tensors are not
+    averaged: the first state's value is kept.
+    """
+
+    def __init__(self) -> None:
+        self._sum: dict[str, torch.Tensor] = {}
+        self._first: dict[str, torch.Tensor] = {}
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, state: State, weight: float) -> None:
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight}")
+        if self.count and set(state) != set(self._first):
+            raise ValueError(f"state keys differ from the first state's: {sorted(set(state) ^ set(self._first))[:3]}")
+        for k, v in state.items():
+            if not self.count:
+                self._first[k] = v.detach()
+            if not v.is_floating_point():
+                continue
+            term = v.detach().to(self._first[k].device, torch.float64) * weight
+            if k in self._sum:
+                self._sum[k] += term
+            else:
+                self._sum[k] = term
+        self.total += weight
+        self.count += 1
+
+    def mean(self) -> dict[str, torch.Tensor]:
+        """The weighted mean, in the dtype and device of the first state."""
+        if not self.count:
+            raise ValueError("no state was added")
+        return {k: (self._sum[k] / self.total).to(ref.dtype) if ref.is_floating_point() else ref.clone()
+                for k, ref in self._first.items()}
+
+
 def combine_heads(
     heads: Sequence[State],
     class_weights: torch.Tensor,

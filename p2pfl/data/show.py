@@ -40,6 +40,8 @@ def _table(spec: DataSpec, gt: dict) -> str:
     title = f"dataset={spec.dataset} partition={spec.partition}"
     if spec.partition == "dirichlet":
         title += f" alpha={spec.alpha:g} min_size={spec.min_size}"
+    elif spec.partition == "dirichlet_per_node":
+        title += f" alpha={spec.alpha:g}"
     elif spec.partition == "pathological":
         title += f" classes_per_node={spec.classes_per_node}"
     elif spec.partition == "domain":

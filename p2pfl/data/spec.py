@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from p2pfl.errors import ConfigError, check_table
 
 DATASETS = ("mnist", "digits", "idx", "cifar10", "cifar100")
-PARTITIONS = ("iid", "dirichlet", "pathological", "domain")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_per_node", "pathological", "domain")
 DIGIT_DOMAINS = ("mnist", "uci", "synth", "mnistm", "usps")
 LOCAL_DATASETS = ("idx", "cifar10", "cifar100")
 
@@ -37,7 +37,7 @@ class DataSpec:
     dataset: str = "mnist"  # "mnist" | "digits" | "idx" | "cifar10" | "cifar100"
     path: str | None = None  # folder for idx / cifar
     domains: tuple[str, ...] = ()  # for digits: which domains (default all five)
-    partition: str = "iid"  # "iid" | "dirichlet" | "pathological" | "domain"
+    partition: str = "iid"  # "iid" | "dirichlet" | "dirichlet_per_node" | "pathological" | "domain"
     alpha: float = 0.5
     min_size: int = 10
     classes_per_node: int = 2

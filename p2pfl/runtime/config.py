@@ -23,6 +23,12 @@ from p2pfl.errors import ConfigError
 NODE_FIELDS = {"id", "index", "host", "port", "key_file", "scenario", "out", "overrides", "peers", "coordinator"}
 
 
+def node_ids(n: int) -> list[str]:
+    """The ids of a run's n nodes, zero-padded so that they sort in index order."""
+    width = len(str(n - 1))
+    return [f"node-{i:0{width}d}" for i in range(n)]
+
+
 @dataclass(frozen=True)
 class PeerInfo:
     url: str

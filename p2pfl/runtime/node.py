@@ -8,6 +8,7 @@ Training runs in a worker thread so that the server keeps answering peers meanwh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -34,11 +35,12 @@ from p2pfl.runtime.checkpoint import (
     run_state,
     save_checkpoint,
 )
-from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.config import NodeConfig, node_ids
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
 from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, Push, RoundContext
 from p2pfl.runtime.timing import PhaseClock
+from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.transport import Endpoint
 from p2pfl.scenario.schema import Scenario, load_scenario
@@ -108,6 +110,11 @@ class Node:
         self.done = False
         # (peer, part) -> the push that may answer this round's fetch of it, while gather waits.
         self.awaiting: dict[tuple[str, str], asyncio.Future[PeerModel]] = {}
+        # The roster keeps every peer (anyone may verify a message); the topology says whom this
+        # node fetches from and waits for.
+        ids = node_ids(sc.nodes)
+        adjacency = Topology.parse(sc.runtime.topology).neighbours(sc.nodes, sc.seed)[config.index]
+        self.neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
         key = NodeKey.load(config.key_file)
         infos = dict(config.peers)
         if config.coordinator is not None:
@@ -126,7 +133,7 @@ class Node:
         )
         self.artefacts = ArtefactSink(config.id, config.out / "artefacts")
         self.ctx = RoundContext(
-            node_id=config.id, round=0, rounds=sc.rounds, peers=tuple(sorted(config.peers)), model=self.model,
+            node_id=config.id, round=0, rounds=sc.rounds, peers=self.neighbours, model=self.model,
             data=self.data, trainer=self.trainer, rng=np.random.default_rng(seed), artefacts=self.artefacts,
             log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
         )
@@ -204,8 +211,15 @@ class Node:
                 return None
             return self._peer_model(message)
 
+        async def folded(fetch: Fetch) -> PeerModel | None:
+            arrival = await one(fetch)
+            if arrival is None or not self.strategy.folds_arrivals:
+                return arrival
+            self.strategy.fold(self.ctx, arrival)
+            return dataclasses.replace(arrival, tensors={})  # folded: its tensors can go
+
         try:
-            results = await asyncio.gather(*(one(f) for f in fetches))
+            results = await asyncio.gather(*(folded(f) for f in fetches))
         finally:
             for waiting in self.awaiting.values():
                 waiting.cancel()
@@ -326,7 +340,8 @@ class Node:
                 await self._republish()
             # Not a barrier: a node starts round 1 once its peers are up or start_wait_s has
             # passed, so that peers still starting (importing torch) do not slow its first round.
-            silent = await self.endpoint.wait_until_up(set(self.endpoint.urls), sc.runtime.start_wait_s)
+            awaited = set(self.neighbours) | ({COORDINATOR_ID} if cfg.coordinator is not None else set())
+            silent = await self.endpoint.wait_until_up(awaited, sc.runtime.start_wait_s)
             if silent:
                 self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.runtime.start_wait_s)
             for r in range(first, sc.rounds + 1):
@@ -354,7 +369,7 @@ class Node:
             await self.endpoint.store.withdraw()
             await self.endpoint.say_goodbye(sorted(self.endpoint.urls), goodbye)
         else:
-            await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
+            await self.endpoint.linger(set(self.neighbours), self.scenario.runtime.linger_s)
         # Closed before the result is taken, so that every message the node answered (and
         # every rejection) is in it.
         await self.endpoint.close()

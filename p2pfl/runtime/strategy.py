@@ -146,6 +146,9 @@ class Strategy:
     needs_coordinator: ClassVar[bool] = False
     # Parts this node serves to peers once per round (encoded once, served many times).
     shared_parts: ClassVar[tuple[str, ...]] = ("full", "body", "head")
+    # True: the runtime hands each peer part to `fold` the moment it arrives and keeps none of
+    # their tensors; `aggregate` then gets the arrivals without tensors (sender, version, meta).
+    folds_arrivals: ClassVar[bool] = False
 
     def setup(self, ctx: RoundContext) -> None:
         """Once per node before round 1."""
@@ -171,6 +174,10 @@ class Strategy:
 
     def configure_fetch(self, ctx: RoundContext) -> list[Fetch]:
         return []
+
+    def fold(self, ctx: RoundContext, arrival: PeerModel) -> None:
+        """One arrival, as it comes (only with `folds_arrivals`); runs on the node's event loop, so keep it cheap."""
+        raise NotImplementedError(f"{type(self).__name__} sets folds_arrivals but has no fold")
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
         """Update `ctx.model` in place from what arrived (may be fewer than requested)."""

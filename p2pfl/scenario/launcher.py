@@ -24,13 +24,13 @@ from p2pfl.errors import ConfigError
 from p2pfl.data import build_partition, prepare
 from p2pfl.report import load_artefacts
 from p2pfl.report.relevance import score_run
-from p2pfl.runtime.config import NodeConfig, PeerInfo
+from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
 from p2pfl.runtime.node import PROGRESS_PREFIX
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
-from p2pfl.scenario.results import build_results, format_summary, node_ids
+from p2pfl.scenario.results import build_results, format_summary
 from p2pfl.scenario.schema import Scenario, apply_overrides, read_raw, scenario_from_dict
 from p2pfl.wire import NodeKey
 

@@ -9,13 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.strategy import COORDINATOR_ID
+from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.timing import compute_fraction
-
-
-def node_ids(n: int) -> list[str]:
-    width = len(str(n - 1))
-    return [f"node-{i:0{width}d}" for i in range(n)]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -77,8 +74,16 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "nodes": nodes,
         "coordinator": coordinator,
         "summary": summary,
+        "topology": topology_record(scenario),
         "ground_truth": dict(ground_truth),
     }
+
+
+def topology_record(scenario: Any) -> dict[str, Any]:
+    """The graph the nodes used, as each of them computed it: spec and adjacency by node id."""
+    ids = node_ids(scenario.nodes)
+    neighbours = Topology.parse(scenario.runtime.topology).neighbours(scenario.nodes, scenario.seed)
+    return {"spec": scenario.runtime.topology, "adjacency": {ids[i]: [ids[j] for j in ns] for i, ns in enumerate(neighbours)}}
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:

@@ -25,6 +25,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from p2pfl.errors import ConfigError, check_table
+from p2pfl.runtime.topology import Topology
 from p2pfl.training import TrainConfig
 
 TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
@@ -86,6 +87,7 @@ class RuntimeSpec:
                                       # "ray": the workers are actors on a Ray cluster
     workers: int = 0                  # worker processes ("shared") or actors ("ray"); 0: one per core / cluster CPU
     ray_address: str = "auto"         # the Ray cluster for placement = "ray" (`ray start --head` prints it)
+    topology: str = "full"            # who fetches from whom: full | ring | regular:d | small_world:d
     participation: float = 1.0        # chance that a node takes part in a round (its own seeded draw)
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
@@ -98,6 +100,7 @@ class RuntimeSpec:
             raise ConfigError("runtime.placement", f"unknown placement {self.placement!r}; choose one of {PLACEMENTS}")
         if not 0 < self.participation <= 1:
             raise ConfigError("runtime.participation", f"must be in (0, 1], got {self.participation}")
+        Topology.parse(self.topology)
         if self.workers < 0:
             raise ConfigError("runtime.workers", f"must be >= 0 (0: one per core), got {self.workers}")
         if not self.start_wait_s >= 0:
@@ -174,6 +177,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
+    Topology.parse(runtime.topology).check(nodes)
     if runtime.participation < 1 and strategy_class(algo_name).needs_coordinator:
         raise ConfigError("runtime.participation", f"{algo_name} has a coordinator, which waits for every node; "
                                                    "partial participation needs a serverless algorithm")

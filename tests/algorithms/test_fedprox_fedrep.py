@@ -187,3 +187,24 @@ def test_fedrep_parameters():
     assert (strategy.head_epochs, strategy.body_epochs) == (3, 2)
     with pytest.raises(ConfigError, match="-1"):
         build_strategy("fedrep", {"head_epochs": -1})
+
+
+def test_fedavg_folding_arrivals_one_by_one_gives_the_all_at_once_average() -> None:
+    torch.manual_seed(0)
+    model = cnn(1, 8, CLASSES)
+    own = {k: v.clone() for k, v in part_state(model, "full").items()}
+    peers = [peer(f"p{i}", perturbed(model, seed=i + 1), "full", 10 * (i + 1)) for i in range(3)]
+    reference = copy.deepcopy(model)
+    FedAvg().aggregate(context(reference, peers=("p0", "p1", "p2")), peers)  # handed over whole
+    folding = FedAvg()
+    ctx = context(model, peers=("p0", "p1", "p2"))
+    assert [f.peer for f in folding.configure_fetch(ctx)] == ["p0", "p1", "p2"]
+    for m in reversed(peers):  # any arrival order
+        folding.fold(ctx, m)
+    folding.aggregate(ctx, [PeerModel(m.sender, m.part, m.round, m.version, {}, m.meta) for m in peers])
+    counts = [32.0, 10.0, 20.0, 30.0]  # own 32 training samples, then the peers'
+    expected = {k: sum(c * s[k] for c, s in zip(counts, [own] + [m.tensors for m in peers])) / sum(counts)
+                for k in own if own[k].is_floating_point()}
+    for k, v in expected.items():
+        torch.testing.assert_close(part_state(model, "full")[k], v, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(part_state(model, "full")[k], part_state(reference, "full")[k], rtol=1e-7, atol=1e-7)

@@ -23,8 +23,9 @@ def node_ids(a: dict, i: int) -> np.ndarray:
         DataSpec(dataset="mnist", partition="iid"),
         DataSpec(dataset="mnist", partition="dirichlet", alpha=0.3, min_size=50),
         DataSpec(dataset="mnist", partition="pathological", classes_per_node=2),
+        DataSpec(dataset="mnist", partition="dirichlet_per_node", alpha=0.1),
     ],
-    ids=["iid", "dirichlet", "pathological"],
+    ids=["iid", "dirichlet", "pathological", "dirichlet_per_node"],
 )
 def test_partition_is_disjoint_and_covers_the_data(mnist_pool, spec):
     a = assign(spec, mnist_pool, 7, seed=3)
@@ -122,6 +123,23 @@ def test_dirichlet_small_alpha_is_skewed_and_large_alpha_near_uniform(mnist_pool
     assert min(small) > 0.5, small
     assert max(large) < 0.08, large
     assert min(small) > 8 * max(large)
+
+
+def test_dirichlet_per_node_gives_100_equal_skewed_nodes_where_the_per_class_form_cannot(mnist_pool):
+    from p2pfl.errors import ConfigError
+
+    n = len(mnist_pool.y)
+    with pytest.raises(ConfigError, match="data.min_size"):
+        assign(DataSpec(dataset="mnist", partition="dirichlet", alpha=0.1, min_size=10), mnist_pool, 100, seed=0)
+    for seed in range(3):
+        raw = assign(DataSpec(dataset="mnist", partition="dirichlet_per_node", alpha=0.1), mnist_pool, 100, seed)["raw"]
+        assert_disjoint_cover(raw, np.arange(n))
+        assert {len(r) for r in raw} <= {n // 100, n // 100 + 1}
+        # alpha = 0.1 puts most of a node's samples in one or two classes
+        top2 = [np.sort(np.bincount(mnist_pool.y[r], minlength=10))[-2:].sum() / len(r) for r in raw]
+        assert np.median(top2) > 0.8, np.median(top2)
+        large = assign(DataSpec(dataset="mnist", partition="dirichlet_per_node", alpha=100.0), mnist_pool, 10, seed)["raw"]
+        assert mean_tv(mnist_pool, large) < 0.1
 
 
 def test_dirichlet_min_size_is_met_or_refused(mnist_pool):

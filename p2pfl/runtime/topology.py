@@ -1,0 +1,74 @@
+"""Who talks to whom: the communication graph of a run (`runtime.topology`).
+
+    full            every node is every other's neighbour (all-to-all)
+    ring            node i's neighbours are i - 1 and i + 1 (mod N)
+    regular:d       a random d-regular graph
+    small_world:d   Watts-Strogatz: a ring lattice where each node links to its d nearest,
+                    each edge rewired with probability 0.1
+
+Random graphs are drawn from the scenario's seed and redrawn until connected, so every node
+computes the same graph by itself and no one needs to hand it out. A node fetches from (and
+waits for) its neighbours only; algorithms that choose whom to download choose among them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from p2pfl.errors import ConfigError
+
+TOPOLOGIES = ("full", "ring", "regular:d", "small_world:d")
+SMALL_WORLD_REWIRING = 0.1
+CONNECT_TRIES = 100
+
+
+@dataclass(frozen=True)
+class Topology:
+    kind: str
+    degree: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Topology:
+        kind, _, degree = text.partition(":")
+        if kind in ("full", "ring") and not degree:
+            return cls(kind)
+        if kind in ("regular", "small_world") and degree.isdigit() and int(degree) >= 2:
+            return cls(kind, int(degree))
+        raise ConfigError("runtime.topology", f"unknown topology {text!r}; choose one of {TOPOLOGIES} (d >= 2)")
+
+    def __str__(self) -> str:
+        return self.kind if self.degree is None else f"{self.kind}:{self.degree}"
+
+    def check(self, nodes: int) -> None:
+        """A ConfigError when this graph cannot be drawn on `nodes` nodes."""
+        if self.degree is None:
+            return
+        if self.degree >= nodes:
+            raise ConfigError("runtime.topology", f"{self} needs more than {self.degree} nodes, the scenario has {nodes}")
+        if self.kind == "regular" and nodes * self.degree % 2:
+            raise ConfigError("runtime.topology", f"{self}: a {self.degree}-regular graph on {nodes} nodes does not "
+                                                  "exist (nodes x d must be even)")
+
+    def graph(self, nodes: int, seed: int) -> nx.Graph:
+        """The graph on nodes 0..nodes-1; connected."""
+        self.check(nodes)
+        if self.kind == "full":
+            return nx.complete_graph(nodes)
+        if self.kind == "ring":
+            return nx.cycle_graph(nodes)
+        assert self.degree is not None
+        if self.kind == "small_world":
+            return nx.connected_watts_strogatz_graph(nodes, self.degree, SMALL_WORLD_REWIRING, tries=CONNECT_TRIES,
+                                                     seed=seed)
+        for attempt in range(CONNECT_TRIES):
+            graph = nx.random_regular_graph(self.degree, nodes, seed=seed * CONNECT_TRIES + attempt)
+            if nx.is_connected(graph):
+                return graph
+        raise ConfigError("runtime.topology", f"no connected {self} graph on {nodes} nodes in {CONNECT_TRIES} draws")
+
+    def neighbours(self, nodes: int, seed: int) -> list[list[int]]:
+        """For each node, its neighbours in increasing order."""
+        graph = self.graph(nodes, seed)
+        return [sorted(graph.neighbors(i)) for i in range(nodes)]

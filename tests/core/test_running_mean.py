@@ -1,0 +1,44 @@
+"""The running weighted mean FedAvg folds arrivals into, against the all-at-once reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from p2pfl.core.influence import RunningWeightedMean, combine_states
+
+
+def _states(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [{"w": torch.randn(7, 5, generator=g), "b": torch.randn(5, generator=g) * 1e3,
+             "steps": torch.tensor(10 * i)} for i in range(n)]
+
+
+def test_running_mean_equals_combine_states_in_any_order() -> None:
+    states, weights = _states(4), [30.0, 1.0, 7.0, 12.0]
+    total = sum(weights)
+    reference = combine_states(states, [w / total for w in weights])
+    for order in itertools.permutations(range(1, 4)):  # the own state first, peers in any order
+        mean = RunningWeightedMean()
+        for i in (0, *order):
+            mean.add(states[i], weights[i])
+        got = mean.mean()
+        assert mean.count == 4 and mean.total == total
+        for k, ref in reference.items():
+            assert got[k].dtype == ref.dtype
+            torch.testing.assert_close(got[k], ref, rtol=0, atol=0) if not ref.is_floating_point() else \
+                torch.testing.assert_close(got[k], ref, rtol=1e-7, atol=1e-6)
+        assert got["steps"].item() == 0  # integers are the first state's, not averaged
+
+
+def test_running_mean_refuses_what_it_cannot_average() -> None:
+    mean = RunningWeightedMean()
+    with pytest.raises(ValueError, match="no state"):
+        mean.mean()
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        mean.add(_states(1)[0], 0.0)
+    mean.add(_states(1)[0], 1.0)
+    with pytest.raises(ValueError, match="keys differ"):
+        mean.add({"w": torch.zeros(7, 5)}, 1.0)
