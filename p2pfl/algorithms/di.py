@@ -66,12 +66,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.func import functional_call
 
 from p2pfl.algorithms import register
 from p2pfl.core.dia import GA_DEFAULT_STEP, validate_dia_params, validate_ga_params
-from p2pfl.core.influence_functions import SOLVERS, Influence, LossSurface, data_influence, eval_mode, loss_sum
-from p2pfl.models import SplitModel, load_part, part_state
+from p2pfl.core.influence_functions import SOLVERS, DataInfluence, LossSurface, data_influence, loss_sum
+from p2pfl.models import SplitModel, body_features, load_part, part_state
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy
 from p2pfl.training import FitResult
 
@@ -97,16 +96,6 @@ def _finite_or_none(value: float | None) -> float | None:
 
 def _sub_state(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-
-
-@torch.no_grad()
-def body_features(model: SplitModel, state: Mapping[str, torch.Tensor], x: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """body(x) at the parameters in `state` (full-model keys), without loading them into `model`."""
-    body_state = _sub_state(state, "body.")
-    with eval_mode(model.body):
-        return torch.cat([
-            functional_call(model.body, body_state, (x[i : i + batch_size],)) for i in range(0, len(x), batch_size)
-        ])
 
 
 @dataclass
@@ -300,9 +289,9 @@ class DI(GlobalModelStrategy):
         model: SplitModel = ctx.model
         if self.hessian == "head":
             # Features once per model: every HVP is then a pass over an (N, d) matrix only.
-            core = LossSurface(model.head, body_features(model, start, x[core_idx]), y[core_idx],
+            core = LossSurface(model.head, body_features(model, x[core_idx], start), y[core_idx],
                                state=_sub_state(start, "head."))
-            trained = LossSurface(model.head, body_features(model, part_state(model, "full"), x), y)
+            trained = LossSurface(model.head, body_features(model, x, part_state(model, "full")), y)
         else:
             core = LossSurface(model, x[core_idx], y[core_idx], state=start)
             trained = LossSurface(model, x, y)
@@ -311,7 +300,7 @@ class DI(GlobalModelStrategy):
             hessian = trained.subset(torch.randperm(n, generator=generator)[: self.hvp_samples])
         return DICProblem(core, trained, hessian, generator)
 
-    def influence(self, problem: DICProblem) -> Influence:
+    def influence(self, problem: DICProblem) -> DataInfluence:
         """ξ of a round's `problem` with this strategy's solver settings."""
         return data_influence(
             problem.core, problem.trained, hessian=problem.hessian, damping=self.damping, solver=self.solver,

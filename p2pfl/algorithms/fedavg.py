@@ -2,32 +2,10 @@
 
 from __future__ import annotations
 
-import torch
-
 from p2pfl.algorithms import register
-from p2pfl.core.influence import RunningWeightedMean, combine_states
+from p2pfl.core.influence import RunningWeightedMean
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
-
-
-def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
-    """Σ w_i state_i over the keys of the first state, with `weights` normalised to sum to 1."""
-    total = float(sum(weights))
-    if total <= 0:
-        raise ValueError("weights must have a positive sum")
-    return combine_states(states, [w / total for w in weights])
-
-
-def average_part_by_count(ctx: RoundContext, part: str, members: list[PeerModel]) -> None:
-    """Load into `ctx.model` the sample-count-weighted mean of its own `part` and `members`' (one per peer).
-
-    Shared by FedRep and FedC2I's Λ/g variant; a no-op when no member arrived.
-    """
-    if not members:
-        return
-    states = [part_state(ctx.model, part)] + [m.tensors for m in members]
-    counts = [float(len(ctx.data.train))] + [float(m.n_train) for m in members]
-    load_part(ctx.model, weighted_average(states, counts))
 
 
 @register

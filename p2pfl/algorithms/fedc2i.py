@@ -45,10 +45,9 @@ from typing import Any
 import torch
 
 from p2pfl.algorithms import register
-from p2pfl.algorithms.fedavg import average_part_by_count
-from p2pfl.algorithms.pfedsv import latest_parts
+from p2pfl.algorithms.common import average_part_by_count, latest_parts
 from p2pfl.core.influence import (
-    Influence, InfluenceError, class_influence, client_influence, combine_heads, combine_states, eval_features,
+    LeaveOneOutInfluence, InfluenceError, class_influence, client_influence, combine_heads, combine_states, eval_features,
 )
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
@@ -146,13 +145,13 @@ class FedC2I(Strategy):
             average_part_by_count(ctx, "body", [parts["body"] for _, parts in members])
         self._record(ctx, peers, lam, class_lam)
 
-    def _alone(self, ctx: RoundContext) -> tuple[Influence | None, Influence | None]:
-        lam = Influence(torch.ones(1, dtype=torch.float64), None) if self.uses_lambda else None
-        class_lam = (Influence(torch.ones(1, ctx.model.num_classes, dtype=torch.float64), None)
+    def _alone(self, ctx: RoundContext) -> tuple[LeaveOneOutInfluence | None, LeaveOneOutInfluence | None]:
+        lam = LeaveOneOutInfluence(torch.ones(1, dtype=torch.float64), None) if self.uses_lambda else None
+        class_lam = (LeaveOneOutInfluence(torch.ones(1, ctx.model.num_classes, dtype=torch.float64), None)
                      if self.uses_class_lambda else None)
         return lam, class_lam
 
-    def _record(self, ctx: RoundContext, peers: list[str], lam: Influence | None, class_lam: Influence | None) -> None:
+    def _record(self, ctx: RoundContext, peers: list[str], lam: LeaveOneOutInfluence | None, class_lam: LeaveOneOutInfluence | None) -> None:
         sink = ctx.artefacts
         if lam is not None:
             sink.record("lambda_self", float(lam.weights[0]))
@@ -162,7 +161,7 @@ class FedC2I(Strategy):
             sink.save("Lambda", _payload(peers, class_lam))
 
 
-def _payload(peers: list[str], influence: Influence) -> dict[str, Any]:
+def _payload(peers: list[str], influence: LeaveOneOutInfluence) -> dict[str, Any]:
     return {
         "peers": peers,
         "values": influence.weights.tolist(),

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from p2pfl.algorithms import register
-from p2pfl.algorithms.fedavg import weighted_average
-from p2pfl.algorithms.pfedsv import ModelPool, latest_parts
+from p2pfl.algorithms.common import ModelPool, latest_parts
+from p2pfl.core.influence import weighted_average
 from p2pfl.core.relevance import epsilon_greedy, fedfomo_weights
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy

@@ -12,8 +12,7 @@ Under DP-SGD each phase is a fit of its own, so the accountant counts both passe
 from __future__ import annotations
 
 from p2pfl.algorithms import register
-from p2pfl.algorithms.fedavg import average_part_by_count
-from p2pfl.algorithms.pfedsv import latest_parts
+from p2pfl.algorithms.common import average_part_by_count, latest_parts
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
 from p2pfl.training import FitResult
 

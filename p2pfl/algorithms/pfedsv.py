@@ -32,106 +32,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from torch.func import functional_call
 
 from p2pfl.algorithms import register
-from p2pfl.algorithms.fedavg import weighted_average
+from p2pfl.algorithms.common import ModelPool, average_part_by_count, latest_parts
 from p2pfl.core.relevance import ema_update, next_k, pfedsv_weights, stalest, top_k
 from p2pfl.core.shapley import ShapleyResult, shapley_values
-from p2pfl.models import SplitModel, load_part, part_state
+from p2pfl.core.influence import weighted_average
+from p2pfl.models import body_features, load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
 
 VARIANTS = ("full", "D+C")
 EMPTY_UTILITIES = ("zero", "chance")
-
-
-class ModelPool:
-    """Several states of one architecture, stacked per tensor.
-
-    Averages of any subset are one indexed mean per tensor, and `functional_call` evaluates
-    them on the template module without loading anything into it, so a coalition game of
-    hundreds of subsets never copies a state dict into the node's model.
-    """
-
-    def __init__(self, template: nn.Module, states: Sequence[dict[str, torch.Tensor]]) -> None:
-        if not states:
-            raise ValueError("a model pool needs at least one state")
-        self.template = template
-        self.keys = list(states[0])
-        self.stacked = {k: torch.stack([s[k].detach() for s in states]) for k in self.keys}
-        self.size = len(states)
-
-    def average(self, members: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Uniform average of `members` (indices into the pool); non-float tensors from the first."""
-        index = torch.as_tensor(list(members), dtype=torch.long)
-        return {
-            k: v[index].mean(0) if v.is_floating_point() else v[index[0]]
-            for k, v in self.stacked.items()
-        }
-
-    def distances(self, reference: int) -> np.ndarray:
-        """||theta_j - theta_ref||_2 over all float tensors, for every member j."""
-        total: torch.Tensor | float = 0.0
-        for v in self.stacked.values():
-            if v.is_floating_point():
-                diff = (v - v[reference]).to(torch.float64).reshape(self.size, -1)
-                total = total + (diff * diff).sum(1)
-        if isinstance(total, float):
-            return np.zeros(self.size)
-        return total.sqrt().cpu().numpy()
-
-    @torch.no_grad()
-    def evaluate(self, members: Sequence[int], split: Any, batch_size: int = 1024) -> tuple[float, float]:
-        """(accuracy, mean cross-entropy) of the average of `members` on `split`."""
-        state = self.average(members)
-
-        def forward(xb: torch.Tensor) -> torch.Tensor:
-            return functional_call(self.template, state, (xb,))
-
-        return evaluate_logits(forward, self.template, split, batch_size)
-
-
-def _device(module: nn.Module) -> torch.device:
-    first = next(module.parameters(), None)
-    return first.device if first is not None else torch.device("cpu")
-
-
-def evaluate_logits(
-    forward: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, split: Any, batch_size: int = 1024
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `forward(x)` on `split`, with `module` in eval mode."""
-    y_all = split.y
-    if len(y_all) == 0:
-        return float("nan"), float("nan")
-    device = _device(module)
-    was_training = module.training
-    module.eval()
-    correct, loss_sum = 0, 0.0
-    try:
-        for start in range(0, len(y_all), batch_size):
-            xb = split.x[start : start + batch_size].to(device)
-            yb = y_all[start : start + batch_size].to(device)
-            logits = forward(xb)
-            loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(1) == yb).sum())
-    finally:
-        module.train(was_training)
-    return correct / len(y_all), loss_sum / len(y_all)
-
-
-@torch.no_grad()
-def body_features(model: SplitModel, split: Any, batch_size: int = 1024) -> torch.Tensor:
-    """The body's features of every sample of `split`, in eval mode, in one pass."""
-    body = model.body
-    device = _device(model)
-    was_training = body.training
-    body.eval()
-    try:
-        chunks = [body(split.x[s : s + batch_size].to(device)) for s in range(0, len(split.y), batch_size)]
-    finally:
-        body.train(was_training)
-    return torch.cat(chunks) if chunks else torch.empty(0)
 
 
 class HeadGame:
@@ -150,15 +61,6 @@ class HeadGame:
         index = torch.as_tensor(list(members), dtype=torch.long)
         logits = torch.addmm(self.bias[index].mean(0), self.features, self.weight[index].mean(0).T)
         return int((logits.argmax(1) == self.labels).sum()) / len(self.labels)
-
-
-def latest_parts(arrived: list[PeerModel], part: str) -> list[PeerModel]:
-    """One model per sender for `part`, the newest version, in arrival order."""
-    best: dict[str, PeerModel] = {}
-    for m in arrived:
-        if m.part == part and (m.sender not in best or m.version > best[m.sender].version):
-            best[m.sender] = m
-    return list(best.values())
 
 
 @register
@@ -265,7 +167,7 @@ class PFedSV(Strategy):
             members = latest_parts(arrived, "full")
             result, weights = self._full_round(ctx, members)
         else:
-            self._average_bodies(ctx, latest_parts(arrived, "body"))
+            average_part_by_count(ctx, "body", latest_parts(arrived, "body"))  # the common feature extractor
             members = latest_parts(arrived, "head")
             result, weights = self._head_round(ctx, members)
         senders = [m.sender for m in members]
@@ -307,21 +209,13 @@ class PFedSV(Strategy):
             load_part(ctx.model, weighted_average(states, weights.tolist()))
         return result, weights
 
-    def _average_bodies(self, ctx: RoundContext, bodies: list[PeerModel]) -> None:
-        """Decentralized averaging of the common feature extractor, by sample count."""
-        if not bodies:
-            return
-        states = [part_state(ctx.model, "body")] + [m.tensors for m in bodies]
-        counts = [float(len(ctx.data.train))] + [float(m.n_train) for m in bodies]
-        load_part(ctx.model, weighted_average(states, counts))
-
     def _head_round(self, ctx: RoundContext, members: list[PeerModel]) -> tuple[ShapleyResult | None, np.ndarray | None]:
         if not members:
             return None, None
         heads = [part_state(ctx.model, "head")] + [m.tensors for m in members]
         players = [ctx.node_id] + [m.sender for m in members]
         # All coalitions share the node's (averaged) body: one forward pass for the whole game.
-        game = HeadGame(body_features(ctx.model, ctx.data.val), ctx.data.val.y, heads)
+        game = HeadGame(body_features(ctx.model, ctx.data.val.x), ctx.data.val.y, heads)
         result = self._game(ctx, players, game.accuracy)
         weights = self._weights(players, result, ModelPool(ctx.model, heads).distances(0))
         if weights.sum() > 0:

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from p2pfl.algorithms.fedavg import weighted_average
+from p2pfl.core.influence import weighted_average
 from p2pfl.core.dia import (
     GA_DEFAULT_STEP,
     dia,

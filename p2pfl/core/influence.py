@@ -59,7 +59,7 @@ class InfluenceError(ValueError):
 
 
 @dataclass(frozen=True)
-class Influence:
+class LeaveOneOutInfluence:
     """Normalised influence weights and the leave-one-out losses they came from.
 
     `weights` sums to 1 over dim 0 (over models). `losses` is None when only one model is
@@ -192,16 +192,16 @@ def client_influence(
     gamma: float,
     *,
     chunk_size: int | None = None,
-) -> Influence:
+) -> LeaveOneOutInfluence:
     """λ (eq. 5): one weight per body, from the loss on (x, y) when that body is left out.
 
     `head` is node m's own head φ_m, used for every leave-one-out model. With one body
     (M = 1) there is nothing to leave out: λ = [1].
     """
     if len(bodies) == 1:
-        return Influence(torch.ones(1, dtype=torch.float64), None)
+        return LeaveOneOutInfluence(torch.ones(1, dtype=torch.float64), None)
     losses = leave_one_out_losses(model, bodies, x, y, fixed=head, chunk_size=chunk_size)
-    return Influence(influence_weights(losses, gamma), losses)
+    return LeaveOneOutInfluence(influence_weights(losses, gamma), losses)
 
 
 # ---- class level (eq. 7-10) ------------------------------------------------------------------
@@ -263,7 +263,7 @@ def class_influence(
     own: int = 0,
     weight_key: str = HEAD_WEIGHT,
     bias_key: str = HEAD_BIAS,
-) -> Influence:
+) -> LeaveOneOutInfluence:
     """Λ (eq. 9): an (M, C) matrix, each column c normalised over the M models.
 
     `features` = `eval_features(own body, x)`; `heads[own]` is node m's head. With one head
@@ -271,10 +271,10 @@ def class_influence(
     """
     weights = torch.stack([hd[weight_key].detach() for hd in heads])
     if len(heads) == 1:
-        return Influence(torch.ones(1, weights.shape[1], dtype=torch.float64), None)
+        return LeaveOneOutInfluence(torch.ones(1, weights.shape[1], dtype=torch.float64), None)
     biases = torch.stack([hd[bias_key].detach() for hd in heads])
     losses = class_leave_one_out_losses(features, weights, biases, y, own)
-    return Influence(influence_weights(losses, gamma), losses)
+    return LeaveOneOutInfluence(influence_weights(losses, gamma), losses)
 
 
 # ---- aggregation (eq. 6 and 10) --------------------------------------------------------------
@@ -295,6 +295,14 @@ def combine_states(states: Sequence[State], weights: torch.Tensor | Sequence[flo
         stacked = torch.stack([s[k].detach().to(ref.device, torch.float64) for s in states])
         out[k] = torch.tensordot(w.to(ref.device), stacked, dims=1).to(ref.dtype)
     return out
+
+
+def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[str, torch.Tensor]:
+    """Σ w_i state_i over the keys of the first state, with `weights` normalised to sum to 1."""
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError("weights must have a positive sum")
+    return combine_states(states, [w / total for w in weights])
 
 
 class RunningWeightedMean:

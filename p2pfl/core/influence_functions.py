@@ -26,12 +26,13 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, jvp
+
+from p2pfl.core.influence import eval_mode
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MatVec = Callable[[torch.Tensor], torch.Tensor]
@@ -49,18 +50,6 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def _mean_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits, targets)
-
-
-@contextmanager
-def eval_mode(module: nn.Module) -> Iterator[None]:
-    """Run `module` in eval mode, restoring its mode after."""
-    # Influence is a property of the deployed function: no dropout, BatchNorm on running stats.
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 class LossSurface:
@@ -309,7 +298,7 @@ def top_eigenvalue(matvec: MatVec, dim: int, *, iterations: int = 20, generator:
 
 # ---- DI's quantities ---------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Influence:
+class DataInfluence:
     """ξ and what produced it (for logs and artefacts)."""
 
     xi: float
@@ -365,7 +354,7 @@ def data_influence(
     damping: float = 0.01,
     solver: str = "cg",
     **solver_options: object,
-) -> Influence:
+) -> DataInfluence:
     """ξ = − ḡᵀ (H + λI)⁻¹ g_core (DI eq. 4 with eq. 9–11).
 
     `core`: the loss over the random core subset at the GLOBAL parameters (g_core, eq. 11);
@@ -383,7 +372,7 @@ def data_influence(
     g_train = train.gradient()
     solve = inverse_hvp(hessian or train, g_core, damping=damping, solver=solver, **solver_options)  # type: ignore[arg-type]
     xi = -float(g_train @ solve.x)
-    return Influence(xi, float(g_core.norm()), float(g_train.norm()), solve)
+    return DataInfluence(xi, float(g_core.norm()), float(g_train.norm()), solve)
 
 
 def loss_sum(

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from p2pfl.errors import ConfigError
 
@@ -93,3 +94,22 @@ def load_part(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, value in tensors.items():
             state[name].copy_(value)
+
+
+@torch.no_grad()
+def body_features(model: SplitModel, x: torch.Tensor, state: Mapping[str, torch.Tensor] | None = None,
+                  batch_size: int = 1024) -> torch.Tensor:
+    """body(x) in eval mode, in batches on the model's device: at the model's own parameters, or at
+    those of `state` (full-model keys, `body.` prefix) without loading them into the model."""
+    body = model.body
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    body_state = None if state is None else {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
+    was_training = body.training
+    body.eval()
+    try:
+        chunks = [body(xb) if body_state is None else functional_call(body, body_state, (xb,))
+                  for xb in (x[i : i + batch_size].to(device) for i in range(0, len(x), batch_size))]
+    finally:
+        body.train(was_training)
+    return torch.cat(chunks) if chunks else torch.empty(0, device=device)

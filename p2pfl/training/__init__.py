@@ -208,18 +208,30 @@ class LocalTrainer:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Any, batch_size: int = 1024) -> tuple[float, float]:
         """(accuracy, mean cross-entropy) of `model` on `split`."""
-        x, y = _split_tensors(split)
-        if len(y) == 0:
-            return float("nan"), float("nan")
         model.to(self.device)
-        was_training = model.training
-        model.eval()
-        correct, loss_sum = 0, 0.0
+        return evaluate_logits(model, model, split, batch_size)
+
+
+@torch.no_grad()
+def evaluate_logits(forward: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, split: Any,
+                    batch_size: int = 1024) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `forward(x)` on `split`, on `module`'s device and with
+    `module` in eval mode (`forward` may be `module` itself or a functional call on it)."""
+    x, y = _split_tensors(split)
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    first = next(module.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    was_training = module.training
+    module.eval()
+    correct, loss_sum = 0, 0.0
+    try:
         for start in range(0, len(y), batch_size):
-            xb = x[start : start + batch_size].to(self.device)
-            yb = y[start : start + batch_size].to(self.device)
-            logits = model(xb)
+            xb = x[start : start + batch_size].to(device)
+            yb = y[start : start + batch_size].to(device)
+            logits = forward(xb)
             loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
-        model.train(was_training)
-        return correct / len(y), loss_sum / len(y)
+    finally:
+        module.train(was_training)
+    return correct / len(y), loss_sum / len(y)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from p2pfl.algorithms import build_strategy
-from p2pfl.algorithms.di import DI, STATS_KEYS, body_features
+from p2pfl.algorithms.di import DI, STATS_KEYS
+from p2pfl.models import body_features
 from p2pfl.coordinator.aggregators import (
     DIAggregator,
     FedAvgGlobalAggregator,
@@ -145,8 +146,8 @@ def test_xi_matches_the_closed_form_at_global_and_local_params() -> None:
     def flat_head(state: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat([state["head.weight"].reshape(-1), state["head.bias"]]).double()
 
-    f_core = body_features(ctx.model, start, data.train.x[core_idx]).double()
-    f_train = body_features(ctx.model, local, data.train.x).double()
+    f_core = body_features(ctx.model, data.train.x[core_idx], start).double()
+    f_train = body_features(ctx.model, data.train.x, local).double()
     y = data.train.y
     g_core = torch.func.grad(head_loss)(flat_head(start), f_core, y[core_idx])
     g_train = torch.func.grad(head_loss)(flat_head(local), f_train, y)
