@@ -126,7 +126,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_coordinator(load_node_config(args.config), resume=args.resume)
     if args.command == "compare":
-        from p2pfl.report.compare import parse_algorithms, run_compare
+        from p2pfl.scenario.compare import parse_algorithms, run_compare
 
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         return run_compare(args.scenario, parse_algorithms(args.algorithms), seeds, args.out, args.overrides,

@@ -24,11 +24,14 @@ class FedAvg(Strategy):
         self._mean = None
         return [Fetch(peer, "full") for peer in ctx.peers]
 
-    def fold(self, ctx: RoundContext, arrival: PeerModel) -> None:
+    def fold(self, ctx: RoundContext, arrival: PeerModel) -> bool:
+        if arrival.part != "full":
+            return False
         if self._mean is None:  # the own model counts too; it does not change while models arrive
             self._mean = RunningWeightedMean()
             self._mean.add(part_state(ctx.model, "full"), float(len(ctx.data.train)))
         self._mean.add(arrival.tensors, float(arrival.n_train))
+        return True
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
         for m in arrived:

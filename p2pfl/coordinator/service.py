@@ -9,7 +9,6 @@ has one, for leave-one-domain-out evaluation.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import traceback
@@ -24,6 +23,7 @@ from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import STATS_META
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
 from p2pfl.runtime.transport import Endpoint
@@ -36,7 +36,8 @@ class Coordinator:
     def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False) -> None:
         self.config = config
         self.resume = resume
-        self.checkpoint_path = config.out / "checkpoints" / f"{config.id}.p2pfl"
+        self.folder = RunFolder(config.out)
+        self.checkpoint_path = self.folder.checkpoint(config.id)
         self.scenario = sc = scenario or load_scenario(config.scenario, config.overrides)
         self.log = logging.getLogger("p2pfl.coordinator")
         torch.set_num_threads(sc.runtime.torch_threads)
@@ -161,8 +162,7 @@ class Coordinator:
             "rejected": self.endpoint.rejections.summary(),
             "wall_s": time.perf_counter() - started,
         }
-        (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)
-        (cfg.out / "nodes" / f"{cfg.id}.result.json").write_text(json.dumps(result, indent=1))
+        self.folder.write_result(cfg.id, result)
         await self.endpoint.close()
         return result
 

@@ -15,28 +15,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from p2pfl.report.tables import held_out_table, poisoning_table, write_compare_tables  # noqa: E402
+from p2pfl.core.scoring import overlap_matrix  # noqa: E402
+from p2pfl.runtime.run_folder import load_artefacts, row_slug  # noqa: E402
 from p2pfl.runtime.timing import PHASES, compute_fraction  # noqa: E402
 
 PHASE_COLOURS = {"train": "#1f77b4", "privacy": "#9467bd", "evaluate": "#2ca02c", "publish": "#ff7f0e",
                  "exchange": "#d62728", "aggregate": "#17becf"}
 
 
-def load_artefacts(run_dir: Path) -> dict[str, dict[str, dict[int, Any]]]:
-    """name -> node -> round -> value, from `artefacts/*.jsonl`."""
-    out: dict[str, dict[str, dict[int, Any]]] = defaultdict(lambda: defaultdict(dict))
-    for path in sorted((run_dir / "artefacts").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                e = json.loads(line)
-                out[e["name"]][e["node"]][e["round"]] = e["value"]
-    return out
-
-
 def label_overlap(ground_truth: Mapping[str, Any]) -> np.ndarray:
     """Σ_c min(p_i(c), p_j(c)) between the nodes' train label distributions."""
     counts = np.array([n["train_class_counts"] for n in ground_truth["nodes"]], dtype=float)
-    p = counts / np.maximum(counts.sum(1, keepdims=True), 1)
-    return np.minimum(p[:, None, :], p[None, :, :]).sum(-1)
+    return overlap_matrix(counts / np.maximum(counts.sum(1, keepdims=True), 1))
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -289,7 +279,7 @@ def report_compare(folder: Path) -> list[Path]:
     # Communication per algorithm per round (pFedSV Fig. 8), from the per-run results.
     fig, ax = plt.subplots(figsize=(7, 4))
     for label in labels:
-        runs = sorted((folder / _slug(label)).glob("seed*/results.json"))
+        runs = sorted((folder / row_slug(label)).glob("seed*/results.json"))
         per_round: dict[int, list[float]] = defaultdict(list)
         for path in runs:
             res = json.loads(path.read_text())
@@ -325,12 +315,6 @@ def report_poisoning(folders: list[Path], out: Path) -> Path:
     path = out / "poisoning.md"
     path.write_text(poisoning_table([Path(f) for f in folders]) + "\n")
     return path
-
-
-def _slug(label: str) -> str:
-    from p2pfl.report.compare import Row
-
-    return Row(label, label).slug
 
 
 def make_report(folder: Path) -> list[Path]:

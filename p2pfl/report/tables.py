@@ -22,17 +22,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from p2pfl.runtime.run_folder import row_slug
+
 RELEVANCE_METRICS = ("precision", "recall", "precision_at_k", "spearman")
 
 
 def _row_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     """Row label -> results.json of each seed, in the order compare.json lists the rows."""
-    from p2pfl.report.compare import Row
-
     labels = list(json.loads((folder / "compare.json").read_text())["rows"])
     runs: dict[str, list[dict[str, Any]]] = {}
     for label in labels:
-        paths = sorted((folder / Row(label, label).slug).glob("seed*/results.json"))
+        paths = sorted((folder / row_slug(label)).glob("seed*/results.json"))
         runs[label] = [json.loads(p.read_text()) for p in paths]
     return runs
 

@@ -38,7 +38,8 @@ from p2pfl.runtime.checkpoint import (
 from p2pfl.runtime.config import NodeConfig, node_ids
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
-from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, Push, RoundContext
+from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.tls import server_context
@@ -131,7 +132,8 @@ class Node:
             tls=server_context(key, config.id) if sc.runtime.tls else None,
             pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},
         )
-        self.artefacts = ArtefactSink(config.id, config.out / "artefacts")
+        self.folder = RunFolder(config.out)
+        self.artefacts = ArtefactSink(config.id, self.folder.artefacts)
         self.ctx = RoundContext(
             node_id=config.id, round=0, rounds=sc.rounds, peers=self.neighbours, model=self.model,
             data=self.data, trainer=self.trainer, rng=np.random.default_rng(seed), artefacts=self.artefacts,
@@ -140,7 +142,7 @@ class Node:
         self.rounds: list[dict[str, Any]] = []
         # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
         self.participation_rng = np.random.default_rng([seed, 0x5EA7])
-        self.checkpoint_path = config.out / "checkpoints" / f"{config.id}.p2pfl"
+        self.checkpoint_path = self.folder.checkpoint(config.id)
 
     # ---- endpoint callbacks ---------------------------------------------------------------
     def _expected(self, kind: str, part: str) -> dict[str, tuple[tuple[int, ...], str]] | None:
@@ -213,9 +215,8 @@ class Node:
 
         async def folded(fetch: Fetch) -> PeerModel | None:
             arrival = await one(fetch)
-            if arrival is None or not self.strategy.folds_arrivals:
+            if arrival is None or not self.strategy.folds_arrivals or not self.strategy.fold(self.ctx, arrival):
                 return arrival
-            self.strategy.fold(self.ctx, arrival)
             return dataclasses.replace(arrival, tensors={})  # folded: its tensors can go
 
         try:
@@ -379,8 +380,7 @@ class Node:
             # Again at exit, with the final byte totals (linger included); a failed round's
             # half-trained model never replaces the last good checkpoint.
             self.write_checkpoint()
-        (cfg.out / "nodes").mkdir(parents=True, exist_ok=True)
-        (cfg.out / "nodes" / f"{cfg.id}.result.json").write_text(json.dumps(result, indent=1))
+        self.folder.write_result(cfg.id, result)
         return result
 
     # ---- checkpoints ----------------------------------------------------------------------

@@ -13,16 +13,15 @@ they never import `p2pfl.runtime.node` or the transport.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from p2pfl.models import SplitModel
+from p2pfl.runtime.run_folder import ArtefactSink
 from p2pfl.training import FitResult, LocalTrainer
 
 if TYPE_CHECKING:
@@ -64,52 +63,6 @@ class PeerModel:
     @property
     def n_train(self) -> int:
         return int(self.meta.get("n_train", 1))
-
-
-class ArtefactSink:
-    """Per-round outputs of a strategy.
-
-    `record` puts a JSON-able value into this round's entry of results.json (keep it small:
-    scalars, short vectors); `save` appends a larger value (influence matrices, relevance
-    vectors) to `<out>/artefacts/<node>.jsonl`, which `p2pfl report` reads.
-    """
-
-    def __init__(self, node_id: str, directory: Path | None) -> None:
-        self.node_id = node_id
-        self.round = 0
-        self.records: dict[str, Any] = {}
-        self._path = None if directory is None else Path(directory) / f"{node_id}.jsonl"
-        if self._path is not None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        self.saved: list[dict[str, Any]] = []
-
-    def begin_round(self, round_: int) -> None:
-        self.round = round_
-        self.records = {}
-
-    def record(self, key: str, value: Any) -> None:
-        self.records[key] = _jsonable(value)
-
-    def save(self, name: str, value: Any) -> None:
-        entry = {"node": self.node_id, "round": self.round, "name": name, "value": _jsonable(value)}
-        self.saved.append(entry)
-        if self._path is not None:
-            with self._path.open("a") as fh:
-                fh.write(json.dumps(entry) + "\n")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 @dataclass
@@ -175,8 +128,9 @@ class Strategy:
     def configure_fetch(self, ctx: RoundContext) -> list[Fetch]:
         return []
 
-    def fold(self, ctx: RoundContext, arrival: PeerModel) -> None:
-        """One arrival, as it comes (only with `folds_arrivals`); runs on the node's event loop, so keep it cheap."""
+    def fold(self, ctx: RoundContext, arrival: PeerModel) -> bool:
+        """One arrival, as it comes (only with `folds_arrivals`); True if it was taken in, and the
+        runtime may drop its tensors. Runs on the node's event loop, so keep it cheap."""
         raise NotImplementedError(f"{type(self).__name__} sets folds_arrivals but has no fold")
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:

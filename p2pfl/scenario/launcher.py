@@ -22,14 +22,14 @@ from tqdm import tqdm
 from p2pfl.algorithms import strategy_class
 from p2pfl.errors import ConfigError
 from p2pfl.data import build_partition, prepare
-from p2pfl.report import load_artefacts
-from p2pfl.report.relevance import score_run
 from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
 from p2pfl.runtime.node import PROGRESS_PREFIX
+from p2pfl.runtime.run_folder import RunFolder, load_artefacts
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
+from p2pfl.scenario.relevance import score_run
 from p2pfl.scenario.results import build_results, format_summary
 from p2pfl.scenario.schema import Scenario, apply_overrides, read_raw, scenario_from_dict
 from p2pfl.wire import NodeKey
@@ -51,10 +51,9 @@ def write_run_folder(scenario: Scenario, out: Path,
     paths and the coordinator's. `addresses` (id -> host, port) places them; default: free ports
     on `runtime.host`."""
     out = out.resolve()  # node configs hold absolute paths: their own folder is not the working directory
-    out.mkdir(parents=True, exist_ok=True)
-    for sub in ("keys", "nodes", "logs", "artefacts"):
-        (out / sub).mkdir(exist_ok=True)
-    scenario_path = out / "scenario.json"
+    folder = RunFolder(out)
+    folder.create()
+    scenario_path = folder.scenario
     scenario_path.write_text(json.dumps(scenario.to_dict(), indent=2))
     host = scenario.runtime.host
     ids = node_ids(scenario.nodes)
@@ -62,7 +61,7 @@ def write_run_folder(scenario: Scenario, out: Path,
     all_ids = ids + ([COORDINATOR_ID] if needs_coordinator else [])
     keys = {i: NodeKey.generate() for i in all_ids}
     for i, key in keys.items():
-        key.save(out / "keys" / f"{i}.key")
+        key.save(folder.key(i))
     if addresses is None:
         addresses = dict(zip(all_ids, ((host, port) for port in free_ports(len(all_ids), host))))
     infos = {i: peer_info(scenario, i, keys[i], *addresses[i]) for i in all_ids}
@@ -70,20 +69,20 @@ def write_run_folder(scenario: Scenario, out: Path,
     paths = []
     for index, nid in enumerate(ids):
         cfg = NodeConfig(
-            id=nid, index=index, host=addresses[nid][0], port=addresses[nid][1], key_file=out / "keys" / f"{nid}.key",
+            id=nid, index=index, host=addresses[nid][0], port=addresses[nid][1], key_file=folder.key(nid),
             scenario=scenario_path, out=out, peers={p: infos[p] for p in ids if p != nid}, coordinator=coordinator,
         )
-        path = out / "nodes" / f"{nid}.json"
+        path = folder.node_config(nid)
         cfg.save(path)
         paths.append(path)
     coordinator_path = None
     if needs_coordinator:
         cfg = NodeConfig(
             id=COORDINATOR_ID, index=0, host=addresses[COORDINATOR_ID][0], port=addresses[COORDINATOR_ID][1],
-            key_file=out / "keys" / f"{COORDINATOR_ID}.key", scenario=scenario_path, out=out,
+            key_file=folder.key(COORDINATOR_ID), scenario=scenario_path, out=out,
             peers={p: infos[p] for p in ids},
         )
-        coordinator_path = out / "nodes" / f"{COORDINATOR_ID}.json"
+        coordinator_path = folder.node_config(COORDINATOR_ID)
         cfg.save(coordinator_path)
     return paths, coordinator_path
 
@@ -123,7 +122,7 @@ async def _hosts_as_processes(scenario: Scenario, out: Path, node_paths: list[Pa
     for name, paths in _process_plan(scenario, node_paths).items():
         command = "node" if len(paths) == 1 and name == paths[0].stem else "worker"
         args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + (["--resume"] if resume else [])
-        procs[name] = await _spawn(args, out / "logs" / f"{name}.log", scenario.runtime.torch_threads)
+        procs[name] = await _spawn(args, RunFolder(out).log(name), scenario.runtime.torch_threads)
         nodes = [p.stem for p in paths]
         hosts[name] = (nodes, follow(procs[name], nodes))
 
@@ -164,7 +163,7 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
     if coordinator_path is not None:
         coordinator = await _spawn(
             [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)] + (["--resume"] if resume else []),
-            out / "logs" / f"{COORDINATOR_ID}.log", scenario.runtime.torch_threads,
+            RunFolder(out).log(COORDINATOR_ID), scenario.runtime.torch_threads,
         )
     bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
                unit="round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
@@ -216,13 +215,10 @@ def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float 
         workers.stop()
 
 
-RUN_ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report")
-
-
 def claim_out(out: Path, force: bool) -> None:
     """Never mix two runs in one folder: a folder that holds a run is refused, or with `force`
     emptied of every entry a run writes, so nothing of the old run can be read into the new one."""
-    found = [name for name in RUN_ENTRIES if (out / name).exists()]
+    found = RunFolder(out).present()
     if not found:
         return
     if not force:
@@ -246,13 +242,14 @@ def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (
 
 def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
     """The node configs of the run in `out`, for --resume: same scenario, same keys and ports."""
-    stored = out / "scenario.json"
+    folder = RunFolder(out)
+    stored = folder.scenario
     if not stored.is_file():
         raise ConfigError("--resume", f"{out} holds no run to resume (no scenario.json)")
     if json.loads(stored.read_text()) != json.loads(json.dumps(scenario.to_dict())):
         raise ConfigError("--resume", f"the scenario differs from the one the run in {out} was started with")
-    paths = [out / "nodes" / f"{nid}.json" for nid in node_ids(scenario.nodes)]
-    coordinator = out / "nodes" / f"{COORDINATOR_ID}.json" if strategy_class(scenario.algorithm.name).needs_coordinator else None
+    paths = [folder.node_config(nid) for nid in node_ids(scenario.nodes)]
+    coordinator = folder.node_config(COORDINATOR_ID) if strategy_class(scenario.algorithm.name).needs_coordinator else None
     missing = [p.name for p in [*paths, coordinator] if p is not None and not p.is_file()]
     if missing:
         raise ConfigError("--resume", f"{out} lacks the node configs {', '.join(missing)}")
@@ -269,7 +266,7 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
             raise ConfigError("--resume", "a run on Ray cannot be resumed yet (its workers' ports are gone); "
                                           "start it again, or run it with placement \"shared\" to resume")
         node_paths, coordinator_path = existing_run_folder(scenario, out.resolve())
-        (out / "results.json").unlink(missing_ok=True)
+        RunFolder(out).results.unlink(missing_ok=True)
         codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume))
     elif scenario.runtime.placement == "ray":
         claim_out(out, force)
@@ -284,10 +281,10 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
     if scores is not None:
         results["relevance_scores"] = scores
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    RunFolder(out).results.write_text(json.dumps(results, indent=1))
     if not quiet:
         print(format_summary(results))
-        print(f"results: {out / 'results.json'}")
+        print(f"results: {RunFolder(out).results}")
     failed = [name for name, code in codes.items() if code != 0]
     if failed and not quiet:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)

@@ -25,9 +25,9 @@ from types import ModuleType
 from typing import Any
 
 from p2pfl.errors import ConfigError
+from p2pfl.runtime.run_folder import RunFolder
 
 RESERVE_TIMEOUT_S = 120.0  # how long an actor may take to be placed and report its address
-RUN_INPUTS = ("keys", "scenario.json")  # what a worker is given, and never sends back
 
 
 def import_ray() -> ModuleType:
@@ -93,10 +93,10 @@ class NodeWorker:
             path = self.folder / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        (self.folder / "logs").mkdir(exist_ok=True)
-        logging.basicConfig(level=logging.INFO, filename=self.folder / "logs" / f"{self.name}.log",
-                            format=LOG_FORMAT, force=True)
-        configs = [load_node_config(self.folder / "nodes" / f"{nid}.json") for nid in node_ids]
+        folder = RunFolder(self.folder)
+        folder.create()
+        logging.basicConfig(level=logging.INFO, filename=folder.log(self.name), format=LOG_FORMAT, force=True)
+        configs = [load_node_config(folder.node_config(nid)) for nid in node_ids]
         configs = [_relocate(c, self.folder) for c in configs]
 
         def counted(_: dict[str, Any]) -> None:
@@ -104,11 +104,9 @@ class NodeWorker:
 
         results = await host_nodes(configs, resume=resume, on_round=counted)
         logging.shutdown()
-        written = {
-            str(p.relative_to(self.folder)): p.read_bytes()
-            for p in sorted(self.folder.rglob("*"))
-            if p.is_file() and p.relative_to(self.folder).parts[0] not in RUN_INPUTS and str(p.relative_to(self.folder)) not in files
-        }
+        given = {self.folder / rel for rel in files}  # scenario, configs and keys: never sent back
+        written = {str(p.relative_to(self.folder)): p.read_bytes()
+                   for p in sorted(self.folder.rglob("*")) if p.is_file() and p not in given}
         shutil.rmtree(self.folder, ignore_errors=True)
         return {"status": {r["id"]: r["status"] for r in results}, "files": written}
 
@@ -117,7 +115,7 @@ def _relocate(config: Any, folder: Path) -> Any:
     """The config with its run-folder paths moved to this worker's folder."""
     from dataclasses import replace
 
-    return replace(config, key_file=folder / "keys" / config.key_file.name, scenario=folder / "scenario.json", out=folder)
+    return replace(config, key_file=RunFolder(folder).key(config.id), scenario=RunFolder(folder).scenario, out=folder)
 
 
 @dataclass
@@ -149,13 +147,16 @@ class RayWorkers:
 
     def launch(self, out: Path, resume: bool) -> dict[str, asyncio.Future[Any]]:
         """Start every actor on its nodes; worker name -> the future of its `run`."""
-        common = {rel: (out / rel).read_bytes() for rel in ("scenario.json",)}
+        folder = RunFolder(out)
+
+        def entry(path: Path) -> tuple[str, bytes]:
+            return str(path.relative_to(out)), path.read_bytes()
+
         futures = {}
         for name, ids in self.shares.items():
-            files = dict(common)
+            files = dict([entry(folder.scenario)])
             for nid in ids:
-                for rel in (f"keys/{nid}.key", f"nodes/{nid}.json"):
-                    files[rel] = (out / rel).read_bytes()
+                files.update([entry(folder.key(nid)), entry(folder.node_config(nid))])
             futures[name] = asyncio.wrap_future(self.actors[name].run.remote(files, ids, resume).future())
         return futures
 

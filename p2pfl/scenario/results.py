@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.runtime.config import node_ids
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.timing import compute_fraction
@@ -26,7 +27,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
                   ground_truth: Mapping[str, Any]) -> dict[str, Any]:
     nodes = []
     for nid in node_ids(scenario.nodes):
-        path = out / "nodes" / f"{nid}.result.json"
+        path = RunFolder(out).node_result(nid)
         if path.is_file():
             result = json.loads(path.read_text())
         else:
@@ -35,7 +36,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         result["exit_code"] = exit_codes.get(nid)
         nodes.append(result)
     coordinator = None
-    coord_path = out / "nodes" / f"{COORDINATOR_ID}.result.json"
+    coord_path = RunFolder(out).node_result(COORDINATOR_ID)
     if coord_path.is_file():
         coordinator = json.loads(coord_path.read_text())
     finished = [n for n in nodes if n.get("final_test_acc") is not None]

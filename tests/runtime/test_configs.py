@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from p2pfl.errors import ConfigError
-from p2pfl.report.compare import parse_algorithms
+from p2pfl.scenario.compare import parse_algorithms
 from p2pfl.runtime.config import load_node_config
 from p2pfl.scenario.launcher import write_lan_configs
 from p2pfl.wire import NodeKey

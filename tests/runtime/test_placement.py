@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,6 +51,14 @@ def test_fetched_and_pushed_parts_arrive_on_the_model_device(tmp_path: Path) -> 
     (a, b), _ = _nodes(tmp_path)
     state = host_snapshot(part_state(a.model, "full"))
     _on_meta(b)
+    folded: list[dict[str, torch.Tensor]] = []  # FedAvg takes arrivals in as they come: what it saw
+    fold = b.strategy.fold
+
+    def recording_fold(ctx: Any, arrival: Any) -> bool:
+        folded.append(dict(arrival.tensors))
+        return fold(ctx, arrival)
+
+    b.strategy.fold = recording_fold  # type: ignore[method-assign]
 
     async def scenario() -> None:
         await a.endpoint.start(a.config.host, a.config.port)
@@ -58,6 +67,10 @@ def test_fetched_and_pushed_parts_arrive_on_the_model_device(tmp_path: Path) -> 
             await a.endpoint.publish(1, 1, {"full": state}, {"n_train": 5})
             arrived = await b.gather([Fetch(a.config.id, "full")], 1)
             assert [m.sender for m in arrived] == [a.config.id]
+            assert arrived[0].tensors == {}  # folded: the node keeps none of them
+            assert_on_model_device(b, folded[-1])
+            b.strategy.folds_arrivals = False  # type: ignore[misc]  # the whole-list path
+            arrived = await b.gather([Fetch(a.config.id, "full")], 1)
             assert_on_model_device(b, arrived[0].tensors)
             # A push answers a fetch the node is waiting for (a has not published version 2): on the
             # model's device too.

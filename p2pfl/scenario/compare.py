@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.errors import ConfigError
+from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
 from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, scenario_from_dict
 
 
@@ -32,7 +33,7 @@ class Row:
 
     @property
     def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.label).strip("_")
+        return row_slug(self.label)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -161,8 +162,8 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
     summaries: dict[str, list[dict[str, Any]]] = {row.label: [] for row in rows}
     failures = 0
     for row, seed, scenario in plans:
-        run_dir = out / row.slug / f"seed{seed}"
-        results_path = run_dir / "results.json"
+        run_dir = compare_run(out, row.label, seed)
+        results_path = RunFolder(run_dir).results
         if reuse and results_path.is_file():
             results = json.loads(results_path.read_text())
             code = 0 if not results["summary"]["nodes_failed"] else 1

@@ -1,0 +1,146 @@
+"""The run folder: where a run's files live, and both ends of the artefact format.
+
+    RUN/scenario.json               the resolved scenario every process reads
+    RUN/keys/<id>.key               each node's signing key
+    RUN/nodes/<id>.json             each node's (and the coordinator's) config
+    RUN/nodes/<id>.result.json      what each node reports when it ends
+    RUN/checkpoints/<id>.p2pfl      signed checkpoints (--resume)
+    RUN/artefacts/<id>.jsonl        strategies' larger per-round outputs (`ArtefactSink.save`)
+    RUN/logs/<process>.log          one log per process
+    RUN/results.json                the launcher's summary of all of it
+    RUN/report/                     `p2pfl report`'s pictures and tables
+
+A compare folder holds one run folder per row and seed: COMPARE/<row slug>/seed<k>/, and
+COMPARE/compare.json listing the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    @property
+    def scenario(self) -> Path:
+        return self.root / "scenario.json"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results.json"
+
+    @property
+    def artefacts(self) -> Path:
+        return self.root / "artefacts"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    def key(self, node_id: str) -> Path:
+        return self.root / "keys" / f"{node_id}.key"
+
+    def node_config(self, node_id: str) -> Path:
+        return self.root / "nodes" / f"{node_id}.json"
+
+    def node_result(self, node_id: str) -> Path:
+        return self.root / "nodes" / f"{node_id}.result.json"
+
+    def checkpoint(self, node_id: str) -> Path:
+        return self.root / "checkpoints" / f"{node_id}.p2pfl"
+
+    def log(self, process: str) -> Path:
+        return self.root / "logs" / f"{process}.log"
+
+    def create(self) -> None:
+        for sub in ("keys", "nodes", "logs", "artefacts"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    def present(self) -> list[str]:
+        """The run entries this folder already holds."""
+        return [name for name in ENTRIES if (self.root / name).exists()]
+
+    def write_result(self, node_id: str, result: Mapping[str, Any]) -> None:
+        path = self.node_result(node_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+
+
+def row_slug(label: str) -> str:
+    """The folder name of a compare row."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
+
+
+def compare_run(folder: Path, label: str, seed: int) -> Path:
+    return folder / row_slug(label) / f"seed{seed}"
+
+
+# ---- artefacts: written by strategies through the node, read by `p2pfl report` ------------
+class ArtefactSink:
+    """Per-round outputs of a strategy.
+
+    `record` puts a JSON-able value into this round's entry of results.json (keep it small:
+    scalars, short vectors); `save` appends a larger value (influence matrices, relevance
+    vectors) to `<out>/artefacts/<node>.jsonl`, which `load_artefacts` reads.
+    """
+
+    def __init__(self, node_id: str, directory: Path | None) -> None:
+        self.node_id = node_id
+        self.round = 0
+        self.records: dict[str, Any] = {}
+        self._path = None if directory is None else Path(directory) / f"{node_id}.jsonl"
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        self.saved: list[dict[str, Any]] = []
+
+    def begin_round(self, round_: int) -> None:
+        self.round = round_
+        self.records = {}
+
+    def record(self, key: str, value: Any) -> None:
+        self.records[key] = _jsonable(value)
+
+    def save(self, name: str, value: Any) -> None:
+        entry = {"node": self.node_id, "round": self.round, "name": name, "value": _jsonable(value)}
+        self.saved.append(entry)
+        if self._path is not None:
+            with self._path.open("a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+
+
+def load_artefacts(run_dir: Path) -> dict[str, dict[str, dict[int, Any]]]:
+    """name -> node -> round -> value, from `artefacts/*.jsonl`."""
+    out: dict[str, dict[str, dict[int, Any]]] = defaultdict(lambda: defaultdict(dict))
+    for path in sorted(RunFolder(run_dir).artefacts.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                e = json.loads(line)
+                out[e["name"]][e["node"]][e["round"]] = e["value"]
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
