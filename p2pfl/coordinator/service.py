@@ -27,6 +27,7 @@ from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
 from p2pfl.runtime.transport import Endpoint
+from p2pfl.runtime.transport_api import Transport
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
 from p2pfl.wire import Message, NodeKey, Roster, WireLimits
@@ -57,8 +58,8 @@ class Coordinator:
         self.round = 0
         self.done = False
         self.rounds: list[dict[str, Any]] = []
-        key = NodeKey.load(config.key_file)
-        self.endpoint = Endpoint(
+        self.key = key = NodeKey.load(config.key_file)
+        self.endpoint: Transport = Endpoint(
             node_id=config.id, key=key,
             roster=Roster({pid: p.public_key for pid, p in config.peers.items()}),
             urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
@@ -173,13 +174,13 @@ class Coordinator:
             **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
             "aggregator": self.aggregator.state_dict(), "expected": sorted(self.expected),
         }
-        save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.endpoint.key, node_id=self.config.id,
+        save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.key, node_id=self.config.id,
                         round_=len(self.rounds), extra=state)
 
     def restore(self) -> int:
         """Load the last checkpoint, checked in full first; returns the last aggregated round."""
         tensors, doc = read_resumable(self.checkpoint_path, node_id=self.config.id,
-                                      public_hex=self.endpoint.key.public_hex, scenario=self.scenario.to_dict(),
+                                      public_hex=self.key.public_hex, scenario=self.scenario.to_dict(),
                                       rounds=self.scenario.rounds, spec=self.spec)
         fresh = build_aggregator(self.scenario.algorithm.name, self.scenario.algorithm.params, rounds=self.scenario.rounds)
         try:

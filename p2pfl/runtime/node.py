@@ -44,6 +44,7 @@ from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.transport import Endpoint
+from p2pfl.runtime.transport_api import Transport
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer, rng_state_from_hex, rng_state_hex
 from p2pfl.wire import Message, NodeKey, Roster, WireLimits
@@ -116,13 +117,13 @@ class Node:
         ids = node_ids(sc.nodes)
         adjacency = Topology.parse(sc.runtime.topology).neighbours(sc.nodes, sc.seed)[config.index]
         self.neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
-        key = NodeKey.load(config.key_file)
+        self.key = key = NodeKey.load(config.key_file)
         infos = dict(config.peers)
         if config.coordinator is not None:
             infos[COORDINATOR_ID] = config.coordinator
         ids = {pid: info.public_key for pid, info in infos.items()}
         urls = {pid: info.url for pid, info in infos.items()}
-        self.endpoint = Endpoint(
+        self.endpoint: Transport = Endpoint(
             node_id=config.id, key=key, roster=Roster(ids), urls=urls, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
             expected_for=self._expected, meta_schema_for=self._meta_schema, on_message=self._on_push,
@@ -185,10 +186,10 @@ class Node:
     async def gather(self, fetches: list[Fetch], round_: int) -> list[PeerModel]:
         timeout = self.scenario.runtime.fetch_timeout_s
         loop = asyncio.get_running_loop()
-        self.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in self.endpoint.urls}
+        self.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in self.endpoint.peers}
 
         async def one(fetch: Fetch) -> PeerModel | None:
-            if fetch.peer not in self.endpoint.urls:
+            if fetch.peer not in self.endpoint.peers:
                 self.log.warning("strategy asked for unknown peer %r", fetch.peer)
                 return None
             if fetch.peer in self.ctx.unreachable and await self.endpoint.status_of(fetch.peer, timeout=1.0) is None:
@@ -302,7 +303,7 @@ class Node:
         self.round = self.ctx.round = r
         self.counter.begin_round(r)
         self.artefacts.begin_round(r)
-        await self.endpoint.store.sit_out(r)
+        await self.endpoint.sit_out(r)
         clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
         time_record = clock.stop()
@@ -367,8 +368,8 @@ class Node:
         self.done = True
         if status != "ok":
             # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
-            await self.endpoint.store.withdraw()
-            await self.endpoint.say_goodbye(sorted(self.endpoint.urls), goodbye)
+            await self.endpoint.withdraw()
+            await self.endpoint.say_goodbye(sorted(self.endpoint.peers), goodbye)
         else:
             await self.endpoint.linger(set(self.neighbours), self.scenario.runtime.linger_s)
         # Closed before the result is taken, so that every message the node answered (and
@@ -401,12 +402,12 @@ class Node:
         }
 
     def write_checkpoint(self) -> None:
-        save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.endpoint.key, node_id=self.config.id,
+        save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.key, node_id=self.config.id,
                         round_=len(self.rounds), extra=self.checkpoint_state())
 
     def checkpoint_state_from_disk(self) -> dict[str, Any]:
         """The state document of this node's checkpoint, verified, without loading it."""
-        _, doc = read_checkpoint(self.checkpoint_path, node_id=self.config.id, public_hex=self.endpoint.key.public_hex)
+        _, doc = read_checkpoint(self.checkpoint_path, node_id=self.config.id, public_hex=self.key.public_hex)
         if doc is None:
             raise CheckpointError(f"checkpoint {self.checkpoint_path} holds a model but no node state")
         return doc
@@ -415,7 +416,7 @@ class Node:
         """Load the last checkpoint; returns the last complete round. Everything is checked before
         anything is applied: a corrupt, foreign or other-scenario checkpoint raises CheckpointError."""
         path, cfg = self.checkpoint_path, self.config
-        tensors, doc = read_resumable(path, node_id=cfg.id, public_hex=self.endpoint.key.public_hex,
+        tensors, doc = read_resumable(path, node_id=cfg.id, public_hex=self.key.public_hex,
                                       scenario=self.scenario.to_dict(), rounds=self.scenario.rounds,
                                       spec=part_spec(self.model, "full"))
         rounds = doc["rounds"]

@@ -534,6 +534,16 @@ class Endpoint:
                 backoff = min(backoff * 2, 5.0)
         return False
 
+    @property
+    def peers(self) -> Mapping[str, str]:
+        return self.urls
+
+    async def sit_out(self, round_: int) -> None:
+        await self.store.sit_out(round_)
+
+    async def withdraw(self) -> None:
+        await self.store.withdraw()
+
     async def say_goodbye(self, targets: list[str], reason: str, timeout: float = 3.0) -> None:
         """Tell `targets` (signed) that this node is gone, so none of them waits for it again."""
         await asyncio.gather(*(

@@ -153,7 +153,7 @@ def test_ten_thousand_hostile_requests_get_no_5xx_and_change_nothing(tmp_path: P
         assert torch.equal(v, before[k]), k
     from p2pfl.wire import Roster
 
-    message = open_message(served, roster=Roster({"node-0": node.endpoint.key.public_hex}), recipient="node-1", replay=None)
+    message = open_message(served, roster=Roster({"node-0": node.key.public_hex}), recipient="node-1", replay=None)
     for k, v in message.torch_tensors().items():
         assert torch.equal(v, before[k]), k
     assert node.endpoint.rejections.summary()["total"] > INPUTS // 2

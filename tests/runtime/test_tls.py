@@ -34,7 +34,7 @@ def test_nodes_run_over_tls_and_refuse_a_wrong_fingerprint(tmp_path: Path) -> No
     statuses: dict[str, object] = {}
 
     async def probes() -> None:
-        url = nodes[0].endpoint.urls["node-1"]
+        url = nodes[0].endpoint.peers["node-1"]
         async with aiohttp.ClientSession() as session:
             for name, target, ssl in (("plain http", url.replace("https://", "http://"), None),
                                       ("no pin", url, True)):
