@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
+from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
 from p2pfl.runtime.config import load_node_config
-from p2pfl.runtime.node import Node
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.strategy import PeerModel
 from p2pfl.scenario.launcher import run_loaded, write_run_folder
@@ -37,7 +37,7 @@ from p2pfl.scenario.schema import Scenario, load_scenario
 def compute_floor(scenario: Scenario, folder: Path) -> tuple[float, dict[str, float]]:
     """Seconds of fit + evaluate + aggregate for all nodes and rounds, run back to back."""
     paths, _ = write_run_folder(scenario, folder)
-    nodes = [Node(load_node_config(p), scenario) for p in paths]
+    nodes = [assemble_node(load_node_config(p), scenario) for p in paths]
     spent = {"train": 0.0, "evaluate": 0.0, "aggregate": 0.0}
 
     def timed(phase: str, fn, *args):

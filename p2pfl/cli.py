@@ -113,11 +113,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return code
     if args.command == "node":
         from p2pfl.runtime.config import load_node_config
-        from p2pfl.runtime.node import run_node
+        from p2pfl.assembly import run_node
 
         return run_node(load_node_config(args.config), resume=args.resume)
     if args.command == "worker":
-        from p2pfl.runtime.worker import run_worker
+        from p2pfl.assembly import run_worker
 
         return run_worker(args.configs, resume=args.resume)
     if args.command == "coordinator":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import traceback
 from typing import Any
@@ -200,8 +201,6 @@ class Coordinator:
 
 
 def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
-    from p2pfl.runtime.node import setup_logging
-
-    setup_logging(config.id)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {config.id} %(levelname)s %(message)s")
     result = asyncio.run(Coordinator(config, resume=resume).run())
     return 1 if result["status"] == "failed" else 0

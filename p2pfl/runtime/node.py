@@ -12,20 +12,18 @@ import dataclasses
 import json
 import logging
 import math
-import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from p2pfl.algorithms import build_strategy
-from p2pfl.attacks import build_attack
-from p2pfl.data import build_partition
-from p2pfl.models import build_model, part_spec, part_state
-from p2pfl.privacy import build_privacy, prepare_model
+from p2pfl.attacks import Attack
+from p2pfl.data import NodeData
+from p2pfl.models import SplitModel, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import (
     CheckpointError,
@@ -35,19 +33,18 @@ from p2pfl.runtime.checkpoint import (
     run_state,
     save_checkpoint,
 )
-from p2pfl.runtime.config import NodeConfig, node_ids
+from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
-from p2pfl.runtime.placement import data_to_device, host_snapshot, node_device, to_device
+from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
-from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy
 from p2pfl.runtime.timing import PhaseClock
-from p2pfl.runtime.topology import Topology
-from p2pfl.runtime.tls import server_context
-from p2pfl.runtime.transport import Endpoint
 from p2pfl.runtime.transport_api import Transport
-from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer, rng_state_from_hex, rng_state_hex
-from p2pfl.wire import Message, NodeKey, Roster, WireLimits
+from p2pfl.wire import Message, NodeKey
+
+if TYPE_CHECKING:
+    from p2pfl.scenario.schema import Scenario
 
 PROGRESS_PREFIX = "P2PFL-PROGRESS "
 PEER_PARTS = ("body", "head", "full")
@@ -58,91 +55,64 @@ class PushRefused(ValueError):
     reason = "unsolicited_push"
 
 
-def node_seed(scenario_seed: int, index: int) -> int:
-    return scenario_seed * 100_003 + index
-
-
-def setup_logging(node_id: str, level: int = logging.INFO) -> logging.Logger:
-    logging.basicConfig(level=level, stream=sys.stderr, format=f"%(asctime)s {node_id} %(levelname)s %(message)s")
-    return logging.getLogger(f"p2pfl.{node_id}")
-
-
 RoundCallback = Callable[[dict[str, Any]], None]
 
 
-class Node:
-    """`on_round` hears `{id, round, test_acc}` after every round (default: a progress line on
-    stdout, which the launcher of one process per node reads)."""
+@dataclass
+class NodeParts:
+    """What a node runs with, built by `p2pfl.assembly` (the node builds nothing itself)."""
 
-    def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False,
+    data: NodeData
+    device: torch.device
+    model: SplitModel
+    trainer: LocalTrainer
+    strategy: Strategy
+    fresh_strategy: Callable[[], Strategy]  # a new one with the same parameters: restore tries a checkpoint on it first
+    privacy: Any | None                     # a privacy mechanism (p2pfl.privacy), or None
+    attack: Attack | None
+    key: NodeKey
+    transport: Transport
+    counter: ByteCounter
+    neighbours: tuple[str, ...]             # whom this node fetches from and waits for (runtime.topology)
+    seed: int
+
+
+class Node:
+    """Runs rounds: train, publish, gather what the strategy asks for, aggregate, checkpoint.
+
+    `on_round` hears `{id, round, test_acc}` after every round (default: a progress line on
+    stdout, which the launcher of one process per node reads).
+    """
+
+    def __init__(self, config: NodeConfig, scenario: Scenario, parts: NodeParts, *, resume: bool = False,
                  on_round: RoundCallback | None = None) -> None:
         self.config = config
+        self.scenario = scenario
         self.resume = resume
         self.on_round = on_round or _progress
-        self.scenario = scenario or load_scenario(config.scenario, config.overrides)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
-        sc = self.scenario
-        torch.set_num_threads(sc.runtime.torch_threads)
-        if not 0 <= config.index < sc.nodes:
-            raise ValueError(f"node index {config.index} outside the scenario's {sc.nodes} nodes")
-        # Only this node's tensors: nodes sharing a worker process must not each hold everybody's images.
-        self.partition = build_partition(sc.data, sc.nodes, sc.seed, only=[config.index])
-        self.device = node_device(sc.device, config.index)
-        seed = node_seed(sc.seed, config.index)
-        self.attack = build_attack(sc.attack, config.index, seed)
-        data = self.partition.node(config.index)
-        if self.attack is not None:
-            data = self.attack.training_data(data, self.partition.num_classes)
-        self.data = data_to_device(data, self.device)
-        torch.manual_seed(sc.seed)  # the same initial model on every node, as FedAvg assumes
-        model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
-        model.to(self.device)
-        self.privacy = build_privacy(
-            sc.privacy, n_train=len(self.data.train), batch_size=sc.train.batch_size,
-            epochs=sc.train.epochs, rounds=sc.rounds, seed=seed,
-        )
-        self.model = prepare_model(model, self.privacy) if self.privacy is not None else model
-        self.trainer = LocalTrainer(sc.train, device=self.device, seed=seed, privacy=self.privacy)
-        # Start-up cost belongs to start-up, not to round 1 (see LocalTrainer.warm_up).
-        self.trainer.warm_up(self.model, self.data.train, self.data.test)
-        self.strategy = build_strategy(sc.algorithm.name, sc.algorithm.params)
+        self.data, self.device, self.model = parts.data, parts.device, parts.model
+        self.trainer, self.strategy, self.privacy = parts.trainer, parts.strategy, parts.privacy
+        self.fresh_strategy, self.attack, self.key = parts.fresh_strategy, parts.attack, parts.key
+        self.counter, self.neighbours = parts.counter, parts.neighbours
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
-        self.counter = ByteCounter()
         self.round = 0
         self.done = False
         # (peer, part) -> the push that may answer this round's fetch of it, while gather waits.
         self.awaiting: dict[tuple[str, str], asyncio.Future[PeerModel]] = {}
-        # The roster keeps every peer (anyone may verify a message); the topology says whom this
-        # node fetches from and waits for.
-        ids = node_ids(sc.nodes)
-        adjacency = Topology.parse(sc.runtime.topology).neighbours(sc.nodes, sc.seed)[config.index]
-        self.neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
-        self.key = key = NodeKey.load(config.key_file)
-        infos = dict(config.peers)
-        if config.coordinator is not None:
-            infos[COORDINATOR_ID] = config.coordinator
-        ids = {pid: info.public_key for pid, info in infos.items()}
-        urls = {pid: info.url for pid, info in infos.items()}
-        self.endpoint: Transport = Endpoint(
-            node_id=config.id, key=key, roster=Roster(ids), urls=urls, counter=self.counter,
-            limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
-            expected_for=self._expected, meta_schema_for=self._meta_schema, on_message=self._on_push,
-            status=self._status,
-            on_departed=self._on_departed,
-            max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
-            tls=server_context(key, config.id) if sc.runtime.tls else None,
-            pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},
-        )
+        self.endpoint = parts.transport
+        self.endpoint.attach(expected_for=self._expected, meta_schema_for=self._meta_schema, on_message=self._on_push,
+                             status=self._status, on_departed=self._on_departed)
         self.folder = RunFolder(config.out)
         self.artefacts = ArtefactSink(config.id, self.folder.artefacts)
         self.ctx = RoundContext(
-            node_id=config.id, round=0, rounds=sc.rounds, peers=self.neighbours, model=self.model,
-            data=self.data, trainer=self.trainer, rng=np.random.default_rng(seed), artefacts=self.artefacts,
+            node_id=config.id, round=0, rounds=scenario.rounds, peers=self.neighbours, model=self.model,
+            data=self.data, trainer=self.trainer, rng=np.random.default_rng(parts.seed), artefacts=self.artefacts,
             log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
         )
         self.rounds: list[dict[str, Any]] = []
         # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
-        self.participation_rng = np.random.default_rng([seed, 0x5EA7])
+        self.participation_rng = np.random.default_rng([parts.seed, 0x5EA7])
         self.checkpoint_path = self.folder.checkpoint(config.id)
 
     # ---- endpoint callbacks ---------------------------------------------------------------
@@ -420,7 +390,7 @@ class Node:
                                       scenario=self.scenario.to_dict(), rounds=self.scenario.rounds,
                                       spec=part_spec(self.model, "full"))
         rounds = doc["rounds"]
-        strategy = type(self.strategy)(**dict(self.scenario.algorithm.params))
+        strategy = self.fresh_strategy()
         try:  # on a fresh strategy first: a state that does not fit leaves the node untouched
             strategy.load_state_dict(doc["strategy"])
             rng = np.random.default_rng()
@@ -489,10 +459,3 @@ def _synchronizer(device: torch.device) -> Callable[[], None] | None:
 
 def _progress(payload: dict[str, Any]) -> None:
     print(PROGRESS_PREFIX + json.dumps(payload), flush=True)
-
-
-def run_node(config: NodeConfig, resume: bool = False) -> int:
-    setup_logging(config.id)
-    node = Node(config, resume=resume)
-    result = asyncio.run(node.run())
-    return 1 if result["status"] == "failed" else 0

@@ -194,9 +194,9 @@ class Endpoint:
         urls: Mapping[str, str],
         counter: ByteCounter,
         limits: WireLimits,
-        expected_for: Callable[[str, str], ExpectedSpec | None],
-        on_message: Callable[[Message], None],
-        status: Callable[[], dict[str, Any]],
+        expected_for: Callable[[str, str], ExpectedSpec | None] = lambda kind, part: None,
+        on_message: Callable[[Message], None] = lambda message: None,
+        status: Callable[[], dict[str, Any]] = dict,
         meta_schema_for: Callable[[str, str], Schema | None] = lambda kind, part: None,
         on_departed: Callable[[str, str], None] | None = None,
         max_skew_s: float = 300.0,
@@ -537,6 +537,13 @@ class Endpoint:
     @property
     def peers(self) -> Mapping[str, str]:
         return self.urls
+
+    def attach(self, *, expected_for: Callable[[str, str], ExpectedSpec | None], on_message: Callable[[Message], None],
+               status: Callable[[], dict[str, Any]], meta_schema_for: Callable[[str, str], Schema | None],
+               on_departed: Callable[[str, str], None] | None = None) -> None:
+        """Who handles what arrives: built before its node, the endpoint learns it here (before `start`)."""
+        self.expected_for, self.on_message, self.status = expected_for, on_message, status
+        self.meta_schema_for, self.on_departed = meta_schema_for, on_departed
 
     async def sit_out(self, round_: int) -> None:
         await self.store.sit_out(round_)

@@ -7,11 +7,14 @@ placement uses it between nodes. Node and coordinator hold a `Transport`, never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from p2pfl.runtime.metadata import Schema
 from p2pfl.runtime.rejections import RejectionLog
 from p2pfl.wire import Message, ReplayGuard
+
+ExpectedTensors = Mapping[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype) a part must have
 
 
 class Transport(Protocol):
@@ -19,6 +22,11 @@ class Transport(Protocol):
     departed: Mapping[str, str]       # peer id -> why it said goodbye
     replay: ReplayGuard               # what was accepted from whom (checkpointed, so a restart refuses replays)
     rejections: RejectionLog          # what was refused, and why
+
+    def attach(self, *, expected_for: Callable[[str, str], ExpectedTensors | None], on_message: Callable[[Message], None],
+               status: Callable[[], dict[str, Any]], meta_schema_for: Callable[[str, str], Schema | None],
+               on_departed: Callable[[str, str], None] | None = None) -> None:
+        """Who judges and takes what arrives (the node), set once before `start`."""
 
     async def start(self, host: str, port: int) -> None: ...
 

@@ -64,7 +64,7 @@ def connect(address: str) -> ModuleType:
 
 
 class NodeWorker:
-    """A Ray actor hosting a share of the nodes (see `runtime.worker.host_nodes`)."""
+    """A Ray actor hosting a share of the nodes (see `p2pfl.assembly.host_nodes`)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -87,7 +87,7 @@ class NodeWorker:
         """Write `files` (paths relative to the run folder) into this worker's folder, run the
         nodes `node_ids`, and return per-node status and every file they wrote."""
         from p2pfl.runtime.config import load_node_config
-        from p2pfl.runtime.worker import LOG_FORMAT, host_nodes
+        from p2pfl.assembly import LOG_FORMAT, host_nodes
 
         for rel, data in files.items():
             path = self.folder / rel

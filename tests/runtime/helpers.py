@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
 from p2pfl.runtime.config import NodeConfig, PeerInfo
 from p2pfl.runtime.node import Node
@@ -62,7 +63,7 @@ def build_in_process(scenario_path: Path, out: Path, overrides: tuple[str, ...] 
 
     scenario = scenario_from_dict(apply_overrides(read_raw(scenario_path), overrides), source=str(scenario_path))
     paths, coordinator_path = write_run_folder(scenario, out)
-    nodes = [Node(load_node_config(p), scenario) for p in paths]
+    nodes = [assemble_node(load_node_config(p), scenario) for p in paths]
     coordinator = None if coordinator_path is None else Coordinator(load_node_config(coordinator_path), scenario)
     return nodes, coordinator
 
@@ -91,7 +92,7 @@ def lone_node(tmp_path, peer_key: NodeKey) -> Node:
         scenario=tmp_path / "tiny.toml", out=tmp_path / "run",
         peers={"node-1": PeerInfo(f"http://127.0.0.1:{peer_port}", peer_key.public_hex)},
     )
-    return Node(config, scenario)
+    return assemble_node(config, scenario)
 
 
 def model_frame(key: NodeKey, node: Node, *, sender: str = "node-1", recipient: str = "node-0", seq: int = 1,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from p2pfl.assembly import assemble_node
 from p2pfl.coordinator.service import Coordinator
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
@@ -32,7 +33,7 @@ META = torch.device("meta")
 def _nodes(tmp_path: Path, algorithm: str = "fedavg") -> tuple[list[Node], Path | None]:
     scenario = load_scenario(write_tiny(tmp_path, nodes=2, samples=40, algorithm=algorithm, timeout=5.0))
     paths, coordinator = write_run_folder(scenario, tmp_path / "run")
-    return [Node(load_node_config(p), scenario) for p in paths], coordinator
+    return [assemble_node(load_node_config(p), scenario) for p in paths], coordinator
 
 
 def _on_meta(node: Node) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from p2pfl.assembly import assemble_node
 from p2pfl.runtime.checkpoint import CheckpointError
 from p2pfl.runtime.node import PROGRESS_PREFIX, Node
 from p2pfl.scenario.launcher import run_scenario, write_run_folder
@@ -31,7 +32,7 @@ def test_a_restored_node_is_the_node_that_wrote_the_checkpoint(tmp_path: Path) -
     nodes = _pfedsv_nodes(tmp_path)
     run_in_process(nodes, None)
     original = nodes[0]
-    clone = Node(original.config, original.scenario, resume=True)
+    clone = assemble_node(original.config, original.scenario, resume=True)
     assert clone.restore() == 2
     assert clone.strategy.state_dict() == original.strategy.state_dict()
     assert clone.privacy.state_dict() == original.privacy.state_dict()  # type: ignore[union-attr]
@@ -52,7 +53,7 @@ def test_bad_checkpoints_are_refused_and_nothing_is_loaded(tmp_path: Path) -> No
     good = path.read_bytes()
 
     def refused(match: str, scenario=None) -> None:
-        fresh = Node(node.config, scenario or node.scenario, resume=True)
+        fresh = assemble_node(node.config, scenario or node.scenario, resume=True)
         before = {k: v.clone() for k, v in fresh.model.state_dict().items()}
         with pytest.raises(CheckpointError, match=match):
             fresh.restore()
@@ -97,7 +98,7 @@ def test_a_killed_node_resumes_and_finishes_with_no_round_lost(tmp_path: Path) -
                 victim.kill()
                 break
         victim.wait(timeout=30)
-        first_life = json.loads(json.dumps(Node(load_config(paths[2]), scenario, resume=True).checkpoint_state_from_disk()))
+        first_life = json.loads(json.dumps(assemble_node(load_config(paths[2]), scenario, resume=True).checkpoint_state_from_disk()))
         procs["node-2"] = start(paths[2], "--resume")
         for name, proc in procs.items():
             assert proc.wait(timeout=240) == 0, (out / "logs" / f"{name}.log").read_text()[-3000:]
@@ -138,6 +139,6 @@ def test_the_coordinator_resumes_with_its_model_and_aggregator_state(tmp_path: P
     for k, v in coordinator.model.state_dict().items():
         assert torch.equal(clone.model.state_dict()[k], v), k
     # And a node of that run checkpointed its DI/GA statistics for its own resume.
-    node = Node(nodes[0].config, nodes[0].scenario, resume=True)
+    node = assemble_node(nodes[0].config, nodes[0].scenario, resume=True)
     node.restore()
     assert node.strategy.state_dict() == nodes[0].strategy.state_dict()

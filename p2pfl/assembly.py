@@ -1,0 +1,125 @@
+"""Builds nodes: the one place that knows every module.
+
+A node's data slice, model, privacy mechanism, trainer, strategy, attack, key, transport and
+neighbours are made here from its config and the scenario, then handed to `runtime.Node`,
+which only runs rounds. Process-wide settings (torch threads, logging) are set here too, once
+per process, not by each node. `run_node` and `run_worker` are the entry points of
+`p2pfl node` (one node in this process) and `p2pfl worker` (several, `placement = "shared"`).
+
+Nodes hosted together are asyncio tasks on one event loop, with one torch import, one data
+cache and one thread pool for their training; each keeps its own HTTP endpoint, keys and round
+loop, so between nodes everything still crosses the signed wire on loopback, as in a
+deployment. Training runs in worker threads (`asyncio.to_thread`), so one node's fit never
+stops the others from serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p2pfl.algorithms import build_strategy
+from p2pfl.attacks import build_attack
+from p2pfl.data import build_partition
+from p2pfl.models import build_model
+from p2pfl.privacy import build_privacy, prepare_model
+from p2pfl.runtime.accounting import ByteCounter
+from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
+from p2pfl.runtime.node import Node, NodeParts, RoundCallback
+from p2pfl.runtime.placement import data_to_device, node_device
+from p2pfl.runtime.strategy import COORDINATOR_ID
+from p2pfl.runtime.tls import server_context
+from p2pfl.runtime.topology import Topology
+from p2pfl.runtime.transport import Endpoint
+from p2pfl.scenario.schema import Scenario, load_scenario
+from p2pfl.training import LocalTrainer
+from p2pfl.wire import NodeKey, Roster, WireLimits
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def node_seed(scenario_seed: int, index: int) -> int:
+    return scenario_seed * 100_003 + index
+
+
+def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False,
+                  on_round: RoundCallback | None = None) -> Node:
+    sc = scenario or load_scenario(config.scenario, config.overrides)
+    if not 0 <= config.index < sc.nodes:
+        raise ValueError(f"node index {config.index} outside the scenario's {sc.nodes} nodes")
+    # Only this node's tensors: nodes sharing a worker process must not each hold everybody's images.
+    partition = build_partition(sc.data, sc.nodes, sc.seed, only=[config.index])
+    device = node_device(sc.device, config.index)
+    seed = node_seed(sc.seed, config.index)
+    attack = build_attack(sc.attack, config.index, seed)
+    data = partition.node(config.index)
+    if attack is not None:
+        data = attack.training_data(data, partition.num_classes)
+    data = data_to_device(data, device)
+    torch.manual_seed(sc.seed)  # the same initial model on every node, as FedAvg assumes
+    model = build_model(sc.model.name, partition.in_channels, partition.image_size, partition.num_classes).to(device)
+    privacy = build_privacy(sc.privacy, n_train=len(data.train), batch_size=sc.train.batch_size,
+                            epochs=sc.train.epochs, rounds=sc.rounds, seed=seed)
+    if privacy is not None:
+        model = prepare_model(model, privacy)
+    trainer = LocalTrainer(sc.train, device=device, seed=seed, privacy=privacy)
+    # Start-up cost belongs to start-up, not to round 1 (see LocalTrainer.warm_up).
+    trainer.warm_up(model, data.train, data.test)
+    # The roster keeps every peer (anyone may verify a message); the topology says whom this
+    # node fetches from and waits for.
+    ids = node_ids(sc.nodes)
+    adjacency = Topology.parse(sc.runtime.topology).neighbours(sc.nodes, sc.seed)[config.index]
+    neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
+    key = NodeKey.load(config.key_file)
+    infos = dict(config.peers)
+    if config.coordinator is not None:
+        infos[COORDINATOR_ID] = config.coordinator
+    counter = ByteCounter()
+    transport = Endpoint(
+        node_id=config.id, key=key, roster=Roster({pid: info.public_key for pid, info in infos.items()}),
+        urls={pid: info.url for pid, info in infos.items()}, counter=counter,
+        limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
+        max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=logging.getLogger(f"p2pfl.{config.id}"),
+        tls=server_context(key, config.id) if sc.runtime.tls else None,
+        pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},
+    )
+    parts = NodeParts(
+        data=data, device=device, model=model, trainer=trainer,
+        strategy=build_strategy(sc.algorithm.name, sc.algorithm.params),
+        fresh_strategy=lambda: build_strategy(sc.algorithm.name, sc.algorithm.params),
+        privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
+    )
+    return Node(config, sc, parts, resume=resume, on_round=on_round)
+
+
+def _process_settings(configs: Sequence[NodeConfig]) -> None:
+    scenario = load_scenario(configs[0].scenario, configs[0].overrides)
+    torch.set_num_threads(scenario.runtime.torch_threads)
+
+
+async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
+                     on_round: RoundCallback | None = None) -> list[dict[str, Any]]:
+    """Build and run every node of `configs` on this event loop; their results, in order."""
+    _process_settings(configs)
+    nodes = [assemble_node(c, resume=resume, on_round=on_round) for c in configs]
+    return list(await asyncio.gather(*(n.run() for n in nodes)))
+
+
+def run_worker(config_paths: Sequence[Path], resume: bool = False) -> int:
+    """Run every node of `config_paths` in this process; exit status 1 if any of them failed."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
+    results = asyncio.run(host_nodes([load_node_config(p) for p in config_paths], resume=resume))
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
+def run_node(config: NodeConfig, resume: bool = False) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {config.id} %(levelname)s %(message)s")
+    _process_settings([config])
+    result = asyncio.run(assemble_node(config, resume=resume).run())
+    return 1 if result["status"] == "failed" else 0
