@@ -16,6 +16,7 @@ stops the others from serving.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.placement import data_to_device, node_device
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.topology import Topology
@@ -42,6 +44,11 @@ from p2pfl.training import LocalTrainer
 from p2pfl.wire import NodeKey, Roster, WireLimits
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+PROGRESS_PREFIX = "P2PFL-PROGRESS "  # a node process's stdout line per round, read by the launcher
+
+
+def print_progress(payload: dict[str, Any]) -> None:
+    print(PROGRESS_PREFIX + json.dumps(payload), flush=True)
 
 
 def node_seed(scenario_seed: int, index: int) -> int:
@@ -105,21 +112,27 @@ def _process_settings(configs: Sequence[NodeConfig]) -> None:
 
 async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
                      on_round: RoundCallback | None = None) -> list[dict[str, Any]]:
-    """Build and run every node of `configs` on this event loop; their results, in order."""
+    """Build and run every node of `configs` on this event loop; each node's result goes into
+    its run folder as it ends. Their results, in order."""
     _process_settings(configs)
-    nodes = [assemble_node(c, resume=resume, on_round=on_round) for c in configs]
-    return list(await asyncio.gather(*(n.run() for n in nodes)))
+
+    async def run(config: NodeConfig) -> dict[str, Any]:
+        result = await assemble_node(config, resume=resume, on_round=on_round).run()
+        RunFolder(config.out).write_result(config.id, result)
+        return result
+
+    return list(await asyncio.gather(*(run(c) for c in configs)))
 
 
 def run_worker(config_paths: Sequence[Path], resume: bool = False) -> int:
     """Run every node of `config_paths` in this process; exit status 1 if any of them failed."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
-    results = asyncio.run(host_nodes([load_node_config(p) for p in config_paths], resume=resume))
+    results = asyncio.run(host_nodes([load_node_config(p) for p in config_paths], resume=resume,
+                                     on_round=print_progress))
     return 1 if any(r["status"] == "failed" for r in results) else 0
 
 
 def run_node(config: NodeConfig, resume: bool = False) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {config.id} %(levelname)s %(message)s")
-    _process_settings([config])
-    result = asyncio.run(assemble_node(config, resume=resume).run())
+    [result] = asyncio.run(host_nodes([config], resume=resume, on_round=print_progress))
     return 1 if result["status"] == "failed" else 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -46,7 +45,6 @@ from p2pfl.wire import Message, NodeKey
 if TYPE_CHECKING:
     from p2pfl.scenario.schema import Scenario
 
-PROGRESS_PREFIX = "P2PFL-PROGRESS "
 PEER_PARTS = ("body", "head", "full")
 
 
@@ -80,8 +78,8 @@ class NodeParts:
 class Node:
     """Runs rounds: train, publish, gather what the strategy asks for, aggregate, checkpoint.
 
-    `on_round` hears `{id, round, test_acc}` after every round (default: a progress line on
-    stdout, which the launcher of one process per node reads).
+    `on_round` hears `{id, round, test_acc}` after every round; `run` returns the node's
+    result. Whoever hosts the node decides where they go (`p2pfl.assembly`).
     """
 
     def __init__(self, config: NodeConfig, scenario: Scenario, parts: NodeParts, *, resume: bool = False,
@@ -89,7 +87,7 @@ class Node:
         self.config = config
         self.scenario = scenario
         self.resume = resume
-        self.on_round = on_round or _progress
+        self.on_round = on_round or (lambda _: None)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
         self.data, self.device, self.model = parts.data, parts.device, parts.model
         self.trainer, self.strategy, self.privacy = parts.trainer, parts.strategy, parts.privacy
@@ -351,7 +349,6 @@ class Node:
             # Again at exit, with the final byte totals (linger included); a failed round's
             # half-trained model never replaces the last good checkpoint.
             self.write_checkpoint()
-        self.folder.write_result(cfg.id, result)
         return result
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -455,7 +452,3 @@ def _synchronizer(device: torch.device) -> Callable[[], None] | None:
     if device.type != "cuda":
         return None
     return lambda: torch.cuda.synchronize(device)
-
-
-def _progress(payload: dict[str, Any]) -> None:
-    print(PROGRESS_PREFIX + json.dumps(payload), flush=True)

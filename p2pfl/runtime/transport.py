@@ -48,6 +48,8 @@ from p2pfl.wire.errors import quote
 from p2pfl.wire.request import AUTH_HEADER, request_for, verify_request
 
 CONTENT_TYPE = "application/x-p2pfl"
+STATUS_POLLS_AT_ONCE = 8  # per node, while waiting for peers to come up
+STATUS_POLL_TIMEOUT_S = 5.0
 REJECTED = "rejected"  # bytes of messages that failed validation still crossed the wire
 GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
 ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
@@ -572,6 +574,17 @@ class Endpoint:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
 
+    async def _statuses(self, peers: list[str], timeout: float) -> list[dict[str, Any] | None]:
+        """Every peer's status, a few polls at a time: 100 nodes sharing two processes that each
+        fire 99 at once send ~10,000 requests together, which time out before they are served."""
+        gate = asyncio.Semaphore(STATUS_POLLS_AT_ONCE)
+
+        async def poll(peer: str) -> dict[str, Any] | None:
+            async with gate:
+                return await self.status_of(peer, timeout=timeout)
+
+        return list(await asyncio.gather(*(poll(p) for p in peers)))
+
     async def wait_until_up(self, peers: set[str], seconds: float) -> set[str]:
         """Poll `peers`' status until each has answered once, or `seconds` pass; returns those still silent."""
         loop = asyncio.get_running_loop()
@@ -580,8 +593,7 @@ class Endpoint:
         backoff = self.retry_s
         while silent and loop.time() < deadline:
             names = sorted(silent)
-            statuses = await asyncio.gather(*(self.status_of(p, timeout=max(0.1, min(2.0, deadline - loop.time())))
-                                              for p in names))
+            statuses = await self._statuses(names, max(0.1, min(STATUS_POLL_TIMEOUT_S, deadline - loop.time())))
             silent = {p for p, s in zip(names, statuses) if s is None}
             if silent:
                 # Backing off: with N nodes starting together, N(N-1) polls a round would crowd out the start itself.
@@ -596,7 +608,7 @@ class Endpoint:
         pending = set(peers)
         while pending and loop.time() < deadline:
             names = sorted(pending)
-            statuses = await asyncio.gather(*(self.status_of(p) for p in names))
+            statuses = await self._statuses(names, STATUS_POLL_TIMEOUT_S)
             pending = {p for p, s in zip(names, statuses) if s is not None and not s.get("done")}
             if pending:
                 await asyncio.sleep(0.5)

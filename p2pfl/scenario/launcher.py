@@ -23,7 +23,7 @@ from p2pfl.algorithms import strategy_class
 from p2pfl.errors import ConfigError
 from p2pfl.data import build_partition, prepare
 from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
-from p2pfl.runtime.node import PROGRESS_PREFIX
+from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint

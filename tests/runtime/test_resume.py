@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pfl.assembly import assemble_node
+from p2pfl.assembly import PROGRESS_PREFIX, assemble_node
 from p2pfl.runtime.checkpoint import CheckpointError
-from p2pfl.runtime.node import PROGRESS_PREFIX, Node
+from p2pfl.runtime.node import Node
 from p2pfl.scenario.launcher import run_scenario, write_run_folder
 from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import NodeKey
