@@ -14,6 +14,8 @@ the cap does not change which samples a node was assigned.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Collection
 
@@ -39,7 +41,14 @@ class Pool:
 
 
 def load_pool(spec: DataSpec) -> Pool:
-    """All samples the spec uses, built/cached or read from the user's folder."""
+    """All samples the spec uses, built/cached or read from the user's folder; read once per
+    process, so nodes sharing a worker share one copy (each takes only its own slice of it)."""
+    return _pool(spec.dataset, spec.resolved_domains(), spec.path)
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(dataset: str, domains: tuple[str, ...], path: str | None) -> Pool:
+    spec = DataSpec(dataset=dataset, domains=domains, path=path)
     if spec.dataset == "mnist":
         x, y = digits.load_mnist()
         k = 10
@@ -56,6 +65,8 @@ def load_pool(spec: DataSpec) -> Pool:
     x = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts]).astype(np.int64)
     d = np.concatenate([np.full(len(p[1]), i, np.int16) for i, p in enumerate(parts)])
+    for array in (x, y, d):
+        array.flags.writeable = False  # shared by every node of the process
     return Pool(x, y, d, spec.resolved_domains(), k)
 
 
