@@ -16,6 +16,7 @@ stops the others from serving.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from p2pfl import logs
 from p2pfl.algorithms import build_strategy
 from p2pfl.attacks import build_attack
 from p2pfl.data import build_partition
@@ -32,7 +34,7 @@ from p2pfl.models import build_model
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
-from p2pfl.runtime.node import Node, NodeParts, RoundCallback
+from p2pfl.runtime.node import ENDED_BADLY, Node, NodeParts, RoundCallback
 from p2pfl.runtime.placement import data_to_device, node_device
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID
@@ -43,7 +45,6 @@ from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
 from p2pfl.wire import NodeKey, Roster, WireLimits
 
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 PROGRESS_PREFIX = "P2PFL-PROGRESS "  # a node process's stdout line per round, read by the launcher
 
 
@@ -126,13 +127,30 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
 
 def run_worker(config_paths: Sequence[Path], resume: bool = False) -> int:
     """Run every node of `config_paths` in this process; exit status 1 if any of them failed."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
-    results = asyncio.run(host_nodes([load_node_config(p) for p in config_paths], resume=resume,
-                                     on_round=print_progress))
-    return 1 if any(r["status"] == "failed" for r in results) else 0
+    logs.configure()
+    results = _hosting([load_node_config(p) for p in config_paths], resume)
+    if not all(results):
+        return 2
+    return 1 if any(r["status"] in ENDED_BADLY for r in results) else 0
 
 
 def run_node(config: NodeConfig, resume: bool = False) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {config.id} %(levelname)s %(message)s")
-    [result] = asyncio.run(host_nodes([config], resume=resume, on_round=print_progress))
-    return 1 if result["status"] == "failed" else 0
+    logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
+    [result] = _hosting([config], resume)
+    if not result:
+        return 2
+    print(f"{config.id}: {result['status']}, final accuracy {result.get('final_test_acc')}; "
+          f"result in {RunFolder(config.out).node_result(config.id)}", file=sys.stderr)
+    return 1 if result["status"] in ENDED_BADLY else 0
+
+
+def _hosting(configs: Sequence[NodeConfig], resume: bool) -> list[dict[str, Any]]:
+    """Run the nodes; a port already taken is one line and exit 2 (an empty result), not a traceback."""
+    try:
+        return asyncio.run(host_nodes(configs, resume=resume, on_round=print_progress))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        taken = ", ".join(f"{c.host}:{c.port}" for c in configs)
+        logging.getLogger("p2pfl").error("cannot listen: an address of %s is already in use (%s)", taken, exc.strerror)
+        return [{} for _ in configs]

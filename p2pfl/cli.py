@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from p2pfl.errors import ConfigError
+from p2pfl.logs import LEVELS, set_level
 
 EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -18,8 +21,21 @@ def _add_set(p: argparse.ArgumentParser) -> None:
                    help="override a scenario field, e.g. --set rounds=5 --set algorithm.params.gamma=2")
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("p2pfl-influence")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _add_log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", choices=LEVELS, default=None, type=str.upper,
+                   help="what node, worker and coordinator logs show (default INFO)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="p2pfl", description="Asynchronous peer-to-peer federated learning.")
+    parser.add_argument("--version", action="version", version=f"p2pfl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a scenario: N node processes on this machine")
@@ -34,18 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ray", metavar="auto|HOST:PORT", default=None,
                      help='run the nodes on a Ray cluster (runtime.placement = "ray"); start one with `ray start --head`')
     _add_set(run)
+    _add_log_level(run)
 
     node = sub.add_parser("node", help="run one node from a node config (LAN deployment)")
     node.add_argument("config", type=Path)
     node.add_argument("--resume", action="store_true", help="continue from the node's last checkpoint")
+    _add_log_level(node)
 
     worker = sub.add_parser("worker", help="run several nodes in this process (placement = \"shared\")")
     worker.add_argument("configs", type=Path, nargs="+")
     worker.add_argument("--resume", action="store_true", help="continue every node from its last checkpoint")
+    _add_log_level(worker)
 
     coord = sub.add_parser("coordinator", help="run the optional coordinator from its config")
     coord.add_argument("config", type=Path)
     coord.add_argument("--resume", action="store_true", help="continue from the coordinator's last checkpoint")
+    _add_log_level(coord)
 
     cmp_ = sub.add_parser("compare", help="run several algorithms over several seeds and tabulate")
     cmp_.add_argument("scenario", type=Path)
@@ -56,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--reuse", action="store_true", help="skip runs whose results.json already exists")
     cmp_.add_argument("--no-progress", action="store_true")
     _add_set(cmp_)
+    _add_log_level(cmp_)
 
     lan = sub.add_parser("lan", help="write keys and node configs for a LAN deployment")
     lan.add_argument("scenario", type=Path)
@@ -89,6 +110,8 @@ def _has_attack(folder: Path) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "log_level", None):
+        set_level(args.log_level)  # inherited by every process this command starts
     try:
         return _dispatch(args)
     except ConfigError as exc:
@@ -97,6 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except KeyboardInterrupt:
+        out = getattr(args, "out", None)
+        kept = f"; every round a node finished is checkpointed in {out} (p2pfl run ... --resume)" if out else ""
+        print(f"interrupted{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _dispatch(args: argparse.Namespace) -> int:

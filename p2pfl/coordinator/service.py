@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 import traceback
 from typing import Any
 
 import torch
 
+from p2pfl import logs
 from p2pfl.coordinator.aggregators import Submission, build_aggregator
 from p2pfl.data import build_partition
 from p2pfl.models import build_model, load_part, part_spec, part_state
@@ -201,6 +201,6 @@ class Coordinator:
 
 
 def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {config.id} %(levelname)s %(message)s")
+    logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
     result = asyncio.run(Coordinator(config, resume=resume).run())
     return 1 if result["status"] == "failed" else 0

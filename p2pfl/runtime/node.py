@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from p2pfl.scenario.schema import Scenario
 
 PEER_PARTS = ("body", "head", "full")
+WARN_EVERY = 5  # rounds between two warnings about the same silent peer
+ENDED_BADLY = ("failed", "isolated")  # statuses that make the node's process exit non-zero
 
 
 class PushRefused(ValueError):
@@ -111,6 +113,7 @@ class Node:
         self.rounds: list[dict[str, Any]] = []
         # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
         self.participation_rng = np.random.default_rng([parts.seed, 0x5EA7])
+        self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
         self.checkpoint_path = self.folder.checkpoint(config.id)
 
     # ---- endpoint callbacks ---------------------------------------------------------------
@@ -234,7 +237,9 @@ class Node:
         pushes = await asyncio.to_thread(strategy.pushes, ctx)
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
-        arrived = await self.gather(strategy.configure_fetch(ctx), r)
+        fetches = strategy.configure_fetch(ctx)
+        arrived = await self.gather(fetches, r)
+        self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived})
         clock.switch("aggregate")
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
@@ -255,13 +260,25 @@ class Node:
             "started_at": started_at,
             "time": time_record,
             "epsilon": epsilon,
+            "asked": len({f.peer for f in fetches}),
             "arrived": sorted(m.sender for m in arrived),
             "stale": sorted(m.sender for m in arrived if m.version < r),
             "strategy": dict(self.artefacts.records),
         }
         if refused is not None:
             record["aggregate_refused"] = refused
+        self.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
+                      r, self.scenario.rounds, test_acc, acc_agg, len(record["arrived"]), record["asked"],
+                      record.get("bytes_received", 0) / 2**20, record["wall_s"])
         return record
+
+    def _warn_silent(self, r: int, silent: set[str]) -> None:
+        """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY rounds."""
+        for peer in sorted(silent - set(self.endpoint.departed)):
+            if r - self._warned.get(peer, -WARN_EVERY) >= WARN_EVERY:
+                self._warned[peer] = r
+                self.log.warning("round %d: %s did not answer (no warning about it again for %d rounds)",
+                                 r, peer, WARN_EVERY - 1)
 
     async def sit_out(self, r: int) -> dict[str, Any]:
         """A round this node does not take part in: no training, no downloads; it keeps serving its
@@ -280,7 +297,7 @@ class Node:
             "test_acc_aggregated": test_acc, "train_loss": None, "train_steps": 0,
             **self.counter.round_summary(r), "wall_s": sum(time_record.values()), "started_at": started_at,
             "time": time_record, "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
-            "arrived": [], "stale": [], "strategy": {},
+            "asked": 0, "arrived": [], "stale": [], "strategy": {},
         }
 
     def _refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
@@ -328,13 +345,17 @@ class Node:
                 self.rounds.append(record)
                 await asyncio.to_thread(self.write_checkpoint)
                 self.on_round({"id": cfg.id, "round": r, "test_acc": record["test_acc"]})
+            if status == "ok" and self._isolated():
+                status = "isolated"
+                self.log.warning("ended isolated: asked for peers in %d rounds and none ever answered",
+                                 sum(1 for x in self.rounds if x.get("asked")))
         except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
             status = "failed"
             error = "".join(traceback.format_exception(exc))
             goodbye = f"failed in round {self.round}: {exc!r}"
             self.log.error("node failed:\n%s", error)
         self.done = True
-        if status != "ok":
+        if status not in ("ok", "isolated"):
             # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
             await self.endpoint.withdraw()
             await self.endpoint.say_goodbye(sorted(self.endpoint.peers), goodbye)
@@ -350,6 +371,10 @@ class Node:
             # half-trained model never replaces the last good checkpoint.
             self.write_checkpoint()
         return result
+
+    def _isolated(self) -> bool:
+        """The strategy asked for peers and, over the whole run, none ever answered."""
+        return any(x.get("asked") for x in self.rounds) and not any(x.get("arrived") for x in self.rounds)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:

@@ -218,6 +218,8 @@ def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float 
 def claim_out(out: Path, force: bool) -> None:
     """Never mix two runs in one folder: a folder that holds a run is refused, or with `force`
     emptied of every entry a run writes, so nothing of the old run can be read into the new one."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file; the run folder must be a folder (new or holding a run)")
     found = RunFolder(out).present()
     if not found:
         return

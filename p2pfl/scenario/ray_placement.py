@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from p2pfl.errors import ConfigError
+from p2pfl.runtime.node import ENDED_BADLY
 from p2pfl.runtime.run_folder import RunFolder
 
 RESERVE_TIMEOUT_S = 120.0  # how long an actor may take to be placed and report its address
@@ -87,7 +88,8 @@ class NodeWorker:
         """Write `files` (paths relative to the run folder) into this worker's folder, run the
         nodes `node_ids`, and return per-node status and every file they wrote."""
         from p2pfl.runtime.config import load_node_config
-        from p2pfl.assembly import LOG_FORMAT, host_nodes
+        from p2pfl import logs
+        from p2pfl.assembly import host_nodes
 
         for rel, data in files.items():
             path = self.folder / rel
@@ -95,7 +97,7 @@ class NodeWorker:
             path.write_bytes(data)
         folder = RunFolder(self.folder)
         folder.create()
-        logging.basicConfig(level=logging.INFO, filename=folder.log(self.name), format=LOG_FORMAT, force=True)
+        logs.configure(filename=folder.log(self.name))
         configs = [load_node_config(folder.node_config(nid)) for nid in node_ids]
         configs = [_relocate(c, self.folder) for c in configs]
 
@@ -178,7 +180,7 @@ class RayWorkers:
                 raise ValueError(f"{name} returned a file outside the run folder: {rel!r}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        return {nid: 1 if answer["status"].get(nid) == "failed" else 0 for nid in self.shares[name]}
+        return {nid: 1 if answer["status"].get(nid) in ENDED_BADLY else 0 for nid in self.shares[name]}
 
     def stop(self) -> None:
         for actor in self.actors.values():

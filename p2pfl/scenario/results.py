@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.runtime.config import node_ids
+from p2pfl.runtime.node import ENDED_BADLY
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
@@ -62,7 +63,8 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "max_epsilon": (("inf" if math.isinf(max(eps)) else max(eps)) if eps else None),
         "compute_fraction": compute_fraction(r for n in nodes for r in n.get("rounds", [])),
         "nodes_ok": sum(1 for n in nodes if n.get("status") == "ok"),
-        "nodes_failed": [n["id"] for n in nodes if n.get("status") == "failed" or (n.get("exit_code") not in (0, None))],
+        # By each node's own status: a worker's exit code covers all its nodes, good or bad.
+        "nodes_failed": [n["id"] for n in nodes if n.get("status") in ENDED_BADLY],
     }
     if coordinator is not None and coordinator.get("rounds"):
         held = [r.get("held_out_acc") for r in coordinator["rounds"] if r.get("held_out_acc") is not None]
