@@ -126,7 +126,7 @@ def test_node_keeps_running_under_bad_traffic(tmp_path):
         return result
 
     result = asyncio.run(scenario())
-    assert result["status"] == "ok"
+    assert result["status"] == "isolated"  # it finished; its one peer was never started
     assert [r["round"] for r in result["rounds"]] == [1, 2]
     assert result["sent"] > 0
     assert result["rejected"]["total"] >= result["sent"]
