@@ -147,7 +147,10 @@ def run_node(config: NodeConfig, resume: bool = False) -> int:
 def _hosting(configs: Sequence[NodeConfig], resume: bool) -> list[dict[str, Any]]:
     """Run the nodes; a port already taken is one line and exit 2 (an empty result), not a traceback."""
     try:
-        return asyncio.run(host_nodes(configs, resume=resume, on_round=print_progress))
+        # Machine lines for whoever reads this process's stdout (the launcher, a pipe); a person
+        # at a terminal reads the per-round log lines instead.
+        on_round = None if sys.stdout.isatty() else print_progress
+        return asyncio.run(host_nodes(configs, resume=resume, on_round=on_round))
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise

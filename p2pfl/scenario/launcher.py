@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from p2pfl.algorithms import strategy_class
 from p2pfl.errors import ConfigError
-from p2pfl.data import build_partition, prepare
+from p2pfl.data import build_partition
 from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
 from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts
@@ -262,7 +262,13 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
                quiet: bool = False, force: bool = False, resume: bool = False) -> tuple[dict[str, Any], int]:
     out = Path(out)
     started = time.perf_counter()
-    prepare(scenario.data)
+    # Before any process starts: a partition that cannot be made (too few samples for
+    # min_size, classes_per_node over the classes there are) is an error now, not in every node.
+    partition = build_partition(scenario.data, scenario.nodes, scenario.seed, only=[])
+    if "largest_share" in partition.meta and not quiet:
+        print(f"warning: data.samples_per_node = {scenario.data.samples_per_node} is more than any node's share "
+              f"(the largest has {partition.meta['largest_share']} samples); nodes use their whole share",
+              file=sys.stderr)
     if resume:
         if scenario.runtime.placement == "ray":
             raise ConfigError("--resume", "a run on Ray cannot be resumed yet (its workers' ports are gone); "
@@ -278,7 +284,6 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         node_paths, coordinator_path = write_run_folder(scenario, out)
         codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s))
     wall_s = time.perf_counter() - started
-    partition = build_partition(scenario.data, scenario.nodes, scenario.seed)
     results = build_results(scenario, out, codes, wall_s, partition.ground_truth())
     scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
     if scores is not None:

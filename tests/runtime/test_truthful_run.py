@@ -96,3 +96,23 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path, monkeypatch: pytest.Mon
     assert main(["run", "s.toml", "--out", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err
     assert err.startswith("interrupted") and "--resume" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_impossible_partition_stops_the_run_before_any_process_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from .helpers import write_tiny
+
+    scenario = write_tiny(tmp_path, extra="")
+    code = main(["run", str(scenario), "--out", str(tmp_path / "run"), "--no-progress",
+                 "--set", 'data.partition="pathological"', "--set", "data.classes_per_node=11"])
+    assert code == 2
+    assert capsys.readouterr().err.startswith("error in data.classes_per_node:")
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_a_cap_above_every_share_is_said(tmp_path: Path) -> None:
+    from p2pfl.data import DataSpec, build_partition
+
+    partition = build_partition(DataSpec(dataset="mnist", samples_per_node=999_999), 10, 0, only=[])
+    assert partition.meta["largest_share"] == 500
+    assert "largest_share" not in build_partition(DataSpec(dataset="mnist", samples_per_node=100), 10, 0, only=[]).meta
