@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from p2pfl.errors import ConfigError
+from p2pfl.plugins import call, is_reference
 
 from . import digits, local
 from .spec import DataSpec, validate_num_nodes
@@ -49,6 +50,8 @@ def load_pool(spec: DataSpec) -> Pool:
 @functools.lru_cache(maxsize=4)
 def _pool(dataset: str, domains: tuple[str, ...], path: str | None) -> Pool:
     spec = DataSpec(dataset=dataset, domains=domains, path=path)
+    if is_reference(dataset):
+        return user_pool(dataset)
     if spec.dataset == "mnist":
         x, y = digits.load_mnist()
         k = 10
@@ -68,6 +71,35 @@ def _pool(dataset: str, domains: tuple[str, ...], path: str | None) -> Pool:
     for array in (x, y, d):
         array.flags.writeable = False  # shared by every node of the process
     return Pool(x, y, d, spec.resolved_domains(), k)
+
+
+def user_pool(reference: str) -> Pool:
+    """The pool a user's loader returns: `(x, y)` or `{"x", "y", "domain", "domains"}`, with x as
+    (N, C, H, W) uint8 images (scaled by 1/255 like the built-ins) or floats used as given,
+    y as N integer labels, and optionally each sample's domain index and the domains' names."""
+    def bad(message: str) -> ConfigError:
+        return ConfigError("data.dataset", f"{reference} returned {message}")
+
+    got = call(reference, "data.dataset")
+    if isinstance(got, tuple) and len(got) == 2:
+        got = {"x": got[0], "y": got[1]}
+    if not isinstance(got, dict) or "x" not in got or "y" not in got:
+        raise bad(f"a {type(got).__name__}; expected (x, y) or a dict with 'x' and 'y'")
+    x = np.asarray(got["x"].numpy() if isinstance(got["x"], torch.Tensor) else got["x"])
+    y = np.asarray(got["y"].numpy() if isinstance(got["y"], torch.Tensor) else got["y"])
+    if x.ndim != 4 or x.shape[2] != x.shape[3]:
+        raise bad(f"x of shape {tuple(x.shape)}; expected (N, C, H, W) square images")
+    if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
+        raise bad(f"y of shape {tuple(y.shape)} and dtype {y.dtype}; expected {len(x)} integer labels >= 0")
+    if x.dtype != np.uint8:
+        x = x.astype(np.float32)
+        if not np.isfinite(x).all():
+            raise bad("x with NaN or infinite values")
+    domains = tuple(got.get("domains") or (reference,))
+    d = np.asarray(got.get("domain", np.zeros(len(y))), dtype=np.int16)
+    if d.shape != y.shape or (len(d) and not 0 <= d.min() <= d.max() < len(domains)):
+        raise bad(f"domain indices that do not fit the {len(domains)} domain names")
+    return Pool(x, y.astype(np.int64), d, domains, int(y.max()) + 1 if len(y) else 0)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -272,7 +304,9 @@ def split_node(
 
 # ---------------------------------------------------------------------------- entry points
 def _split(pool: Pool, ids: np.ndarray) -> Split:
-    x = torch.from_numpy(np.ascontiguousarray(pool.x[ids])).to(torch.float32).div_(255.0)
+    x = torch.from_numpy(np.ascontiguousarray(pool.x[ids])).to(torch.float32)
+    if pool.x.dtype == np.uint8:  # images as bytes; a user's float pool is used as given
+        x.div_(255.0)
     return Split(x=x, y=torch.from_numpy(pool.y[ids].astype(np.int64)))
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from p2pfl.errors import ConfigError, check_table
+from p2pfl.plugins import is_reference
 
 DATASETS = ("mnist", "digits", "idx", "cifar10", "cifar100")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_per_node", "pathological", "domain")
@@ -34,7 +35,7 @@ class DataSpec:
     construct it directly and call :meth:`validate`.
     """
 
-    dataset: str = "mnist"  # "mnist" | "digits" | "idx" | "cifar10" | "cifar100"
+    dataset: str = "mnist"  # "mnist" | "digits" | "idx" | "cifar10" | "cifar100" | "package.module:loader"
     path: str | None = None  # folder for idx / cifar
     domains: tuple[str, ...] = ()  # for digits: which domains (default all five)
     partition: str = "iid"  # "iid" | "dirichlet" | "dirichlet_per_node" | "pathological" | "domain"
@@ -98,8 +99,9 @@ class DataSpec:
         def err(name: str, msg: str) -> ConfigError:
             return ConfigError(f"{prefix}.{name}", msg)
 
-        if self.dataset not in DATASETS:
-            raise err("dataset", f"unknown dataset {self.dataset!r}; allowed: {', '.join(DATASETS)}")
+        if self.dataset not in DATASETS and not is_reference(self.dataset):
+            raise err("dataset", f"unknown dataset {self.dataset!r}; allowed: {', '.join(DATASETS)} "
+                                 "or 'package.module:loader'")
         if self.partition not in PARTITIONS:
             raise err("partition", f"unknown partition {self.partition!r}; allowed: {', '.join(PARTITIONS)}")
 

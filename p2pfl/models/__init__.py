@@ -13,6 +13,7 @@ from torch import nn
 from torch.func import functional_call
 
 from p2pfl.errors import ConfigError
+from p2pfl.plugins import call, is_reference
 
 PARTS = ("body", "head", "full")
 
@@ -64,9 +65,35 @@ MODELS = {"lenet": lenet, "cnn": cnn}
 
 
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int) -> SplitModel:
+    """A built-in model by name, or the user's: `"package.module:factory"` (see `p2pfl.plugins`)."""
+    if is_reference(name):
+        made = call(name, "model.name", in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+        if isinstance(made, SplitModel):
+            return made
+        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module) and isinstance(made[1], str):
+            return split_at(made[0], made[1], name)
+        raise ConfigError("model.name", f"{name} returned {type(made).__name__}; expected a SplitModel or "
+                                        "(nn.Module, name of its final nn.Linear)")
     if name not in MODELS:
-        raise ConfigError("model.name", f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+        raise ConfigError("model.name", f"unknown model {name!r}; choose one of {sorted(MODELS)} or 'package.module:factory'")
     return MODELS[name](in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+
+
+def split_at(module: nn.Module, head_name: str, source: str = "the model") -> SplitModel:
+    """`module` as body + head: its linear layer `head_name` becomes the head (weights kept) and
+    an identity takes its place in the body."""
+    try:
+        head = module.get_submodule(head_name)
+    except AttributeError:
+        raise ConfigError("model.name", f"{source} has no submodule {head_name!r}") from None
+    if not isinstance(head, nn.Linear):
+        raise ConfigError("model.name", f"{source}: {head_name!r} is a {type(head).__name__}, not the final nn.Linear")
+    parent_name, _, leaf = head_name.rpartition(".")
+    parent = module.get_submodule(parent_name) if parent_name else module
+    setattr(parent, leaf, nn.Identity())
+    split = SplitModel(module, head.in_features, head.out_features)
+    split.head.load_state_dict(head.state_dict())
+    return split
 
 
 def part_state(model: nn.Module, part: str) -> dict[str, torch.Tensor]:

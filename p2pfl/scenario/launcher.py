@@ -22,6 +22,7 @@ from tqdm import tqdm
 from p2pfl.algorithms import strategy_class
 from p2pfl.errors import ConfigError
 from p2pfl.data import build_partition
+from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
 from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts
@@ -265,6 +266,8 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     # Before any process starts: a partition that cannot be made (too few samples for
     # min_size, classes_per_node over the classes there are) is an error now, not in every node.
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed, only=[])
+    # A model that cannot be built (a user's factory that fails or returns the wrong type) too.
+    build_model(scenario.model.name, partition.in_channels, partition.image_size, partition.num_classes)
     if "largest_share" in partition.meta and not quiet:
         print(f"warning: data.samples_per_node = {scenario.data.samples_per_node} is more than any node's share "
               f"(the largest has {partition.meta['largest_share']} samples); nodes use their whole share",

@@ -2,7 +2,7 @@
 
     name, nodes, seed, rounds, device       top-level keys
     [data]        p2pfl.data.DataSpec
-    [model]       name = "cnn" | "lenet"
+    [model]       name = "cnn" | "lenet" | "package.module:factory"
     [algorithm]   name, [algorithm.params]
     [train]       epochs, batch_size, optimizer, lr, momentum, weight_decay
     [runtime]     timeouts, message size limit, threads, ...
@@ -25,6 +25,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from p2pfl.errors import ConfigError, check_table
+from p2pfl.plugins import is_reference, resolve
 from p2pfl.runtime.topology import Topology
 from p2pfl.training import TrainConfig
 
@@ -160,8 +161,11 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
 
     data = DataSpec.from_dict(raw.get("data", {}), prefix="data")
     model = _dataclass_from_table(ModelSpec, raw.get("model", {}), "model")
-    if model.name not in MODELS:
-        raise ConfigError("model.name", f"unknown model {model.name!r}; choose one of {sorted(MODELS)}")
+    if is_reference(model.name):
+        resolve(model.name, "model.name")  # imports now; the launcher builds it once before nodes start
+    elif model.name not in MODELS:
+        raise ConfigError("model.name", f"unknown model {model.name!r}; choose one of {sorted(MODELS)} "
+                                        "or 'package.module:factory'")
     algo_table = raw.get("algorithm", {})
     if not isinstance(algo_table, Mapping):
         raise ConfigError("algorithm", "expected a table with `name` and optional `params`")

@@ -1,0 +1,100 @@
+"""Bring your own model and data: a factory and a loader defined right here, named in the
+scenario as "module:name", run through the real launcher; mistakes are named before start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from p2pfl.cli import main
+from p2pfl.errors import ConfigError
+from p2pfl.models import SplitModel, build_model
+from p2pfl.scenario.launcher import run_scenario
+from p2pfl.scenario.schema import load_scenario
+
+from .helpers import write_tiny
+
+HERE = "tests.runtime.test_plugins"
+
+
+def stripes() -> dict:
+    """600 8x8 one-channel images of 3 classes (a bright row at 2, 4 or 6), from two "sites"."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 600)
+    x = rng.integers(0, 60, (600, 1, 8, 8)).astype(np.uint8)
+    x[np.arange(600), 0, 2 + 2 * y, :] = 250
+    return {"x": x, "y": y, "domain": np.arange(600) % 2, "domains": ["site-a", "site-b"]}
+
+
+def tiny_net(in_channels: int, image_size: int, num_classes: int) -> tuple[nn.Module, str]:
+    """A plain nn.Module and the name of its final linear layer."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, 16), nn.ReLU(),
+                         nn.Linear(16, num_classes)), "3"
+
+
+def split_net(in_channels: int, image_size: int, num_classes: int) -> SplitModel:
+    return SplitModel(nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size ** 2, 8)), 8, num_classes)
+
+
+def not_a_model(in_channels: int, image_size: int, num_classes: int) -> str:
+    return "resnet"
+
+
+def flat_images() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((10, 64), np.uint8), np.zeros(10, np.int64)
+
+
+def test_a_module_and_its_final_linear_become_body_and_head_with_weights_kept() -> None:
+    torch.manual_seed(0)
+    reference, _ = tiny_net(1, 8, 3)
+    torch.manual_seed(0)
+    model = build_model(f"{HERE}:tiny_net", 1, 8, 3)
+    assert isinstance(model, SplitModel) and model.feature_dim == 16 and model.num_classes == 3
+    x = torch.rand(5, 1, 8, 8)
+    torch.testing.assert_close(model(x), reference(x))  # same function, now split
+    assert isinstance(build_model(f"{HERE}:split_net", 1, 8, 3), SplitModel)
+
+
+@pytest.mark.slow
+def test_own_model_and_own_data_run_through_the_launcher(tmp_path: Path) -> None:
+    scenario = write_tiny(tmp_path, nodes=2, rounds=2)
+    results, code = run_scenario(scenario, tmp_path / "run", [f'model.name="{HERE}:tiny_net"', f'data.dataset="{HERE}:stripes"',
+                                                              "data.samples_per_node=120", "train.lr=0.05"],
+                                 progress=False, quiet=True)
+    assert code == 0, [n.get("error") for n in results["nodes"]]
+    assert results["summary"]["mean_acc"] > 0.6  # the stripes are easy: it learnt something
+    assert {n["n_train"] for n in results["nodes"]} == {78}  # 120 capped, 65 % train
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("model.name", "no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+    ("model.name", f"{HERE}:missing", "has no 'missing'"),
+    ("model.name", f"{HERE}:HERE", "is a str, not a callable"),
+    ("data.dataset", "no_such_module_xyz:load", "cannot import"),
+    ("data.dataset", f"{HERE}:not_a_model", "failed: TypeError"),
+    ("data.dataset", f"{HERE}:flat_images", r"x of shape \(10, 64\); expected \(N, C, H, W\)"),
+])
+def test_bad_references_are_named_when_the_scenario_loads(tmp_path: Path, field: str, value: str, match: str) -> None:
+    scenario = write_tiny(tmp_path)
+    with pytest.raises(ConfigError, match=match) as info:
+        if field == "data.dataset":
+            from p2pfl.data import build_partition
+
+            build_partition(load_scenario(scenario, [f'{field}="{value}"']).data, 3, 0, only=[])
+        else:
+            load_scenario(scenario, [f'{field}="{value}"'])
+    assert info.value.field == field
+
+
+def test_a_factory_returning_the_wrong_type_stops_the_run_before_start(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write_tiny(tmp_path)
+    code = main(["run", str(scenario), "--out", str(tmp_path / "run"), "--no-progress",
+                 "--set", f'model.name="{HERE}:not_a_model"'])
+    assert code == 2
+    assert "error in model.name:" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "logs").exists()
