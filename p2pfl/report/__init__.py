@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from p2pfl.report.tables import held_out_table, poisoning_table, write_compare_tables  # noqa: E402
@@ -29,6 +30,32 @@ def label_overlap(ground_truth: Mapping[str, Any]) -> np.ndarray:
     return overlap_matrix(counts / np.maximum(counts.sum(1, keepdims=True), 1))
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def _series_style(i: int) -> dict[str, Any]:
+    """Per-series line style and marker, so that series with equal values stay distinguishable."""
+    return {"linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)], "alpha": 0.85,
+            "markersize": 4 + 2 * (i % 3)}
+
+
+def _node_label(results: Mapping[str, Any], node: Mapping[str, Any]) -> str:
+    """`node-0 (mnist)` where the node has a domain; `node-0 {3, 7}` where the partition gave it a class set."""
+    if node.get("domain"):
+        return f"{node['id']} ({node['domain']})"
+    truth = {str(n.get("index")): n for n in (results.get("ground_truth") or {}).get("nodes", [])}
+    classes = truth.get(str(node.get("index")), {}).get("classes")
+    if classes and len(classes) <= 4:
+        return f"{node['id']} {{{', '.join(map(str, classes))}}}"
+    return node["id"]
+
+
+def _round_axis(ax: plt.Axes) -> None:
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -38,15 +65,15 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for n in results["nodes"]:
+    for i, n in enumerate(results["nodes"]):
         rounds = [r["round"] for r in n["rounds"]]
-        label = f"{n['id']} ({n['domain']})" if n.get("domain") else n["id"]
-        axes[0].plot(rounds, [r["test_acc"] for r in n["rounds"]], marker="o", label=label)
-        axes[1].plot(rounds, [r["test_acc_aggregated"] for r in n["rounds"]], marker="o", label=label)
+        label = _node_label(results, n)
+        axes[0].plot(rounds, [r["test_acc"] for r in n["rounds"]], label=label, **_series_style(i))
+        axes[1].plot(rounds, [r["test_acc_aggregated"] for r in n["rounds"]], label=label, **_series_style(i))
     axes[0].set_title("test accuracy after local training")
     axes[1].set_title("test accuracy after aggregation")
     for ax in axes:
-        ax.set_xlabel("round")
+        _round_axis(ax)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy")
     axes[1].legend(fontsize=7)
@@ -56,12 +83,15 @@ def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
 
 def plot_bytes(results: Mapping[str, Any], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    for n in results["nodes"]:
+    for i, n in enumerate(results["nodes"]):
         rounds = [r["round"] for r in n["rounds"]]
-        ax.plot(rounds, [r["param_bytes_received"] / 2**20 for r in n["rounds"]], marker="o", label=n["id"])
-    ax.set_xlabel("round")
+        ax.plot(rounds, [r["param_bytes_received"] / 2**20 for r in n["rounds"]], label=_node_label(results, n),
+                **_series_style(i))
+    _round_axis(ax)
     ax.set_ylabel("parameter MiB received")
-    ax.set_title(f"download per node per round ({results['algorithm']})")
+    series = {tuple(r["param_bytes_received"] for r in n["rounds"]) for n in results["nodes"]}
+    same = f"; all {len(results['nodes'])} nodes alike" if len(series) == 1 and len(results["nodes"]) > 1 else ""
+    ax.set_title(f"download per node per round ({results['algorithm']}{same})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, out / "bytes_per_round.png")
@@ -97,7 +127,7 @@ def plot_round_time(results: Mapping[str, Any], out: Path) -> Path | None:
         ])
         right.bar(rounds, seconds, bottom=bottom, color=PHASE_COLOURS[phase], label=phase)
         bottom += seconds
-    right.set_xlabel("round")
+    _round_axis(right)
     right.set_ylabel("seconds (mean over nodes)")
     right.set_title("per round")
     right.grid(axis="y", alpha=0.3)
@@ -177,14 +207,14 @@ def plot_coordinator_weights(results: Mapping[str, Any], out: Path) -> Path | No
         axes[0].plot(rounds, [r["weights"].get(nid, np.nan) for r in coord["rounds"]], marker="o",
                      label=f"{nid} ({domains.get(nid)})" if domains.get(nid) else nid)
     axes[0].set_title("aggregation weights ω per round")
-    axes[0].set_xlabel("round")
+    _round_axis(axes[0])
     axes[0].legend(fontsize=7)
     axes[0].grid(alpha=0.3)
     held = [r.get("held_out_acc") for r in coord["rounds"]]
     if any(h is not None for h in held):
         axes[1].plot(rounds, held, marker="o")
         axes[1].set_title(f"held-out domain ({coord.get('held_out_domain')}) accuracy, global model")
-        axes[1].set_xlabel("round")
+        _round_axis(axes[1])
         axes[1].grid(alpha=0.3)
     else:
         axes[1].axis("off")
@@ -196,9 +226,9 @@ def plot_scalar_records(results: Mapping[str, Any], key: str, out: Path, ylabel:
     if not any(v is not None for s in series.values() for _, v in s):
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for nid, s in series.items():
-        ax.plot([r for r, _ in s], [v for _, v in s], marker="o", label=nid)
-    ax.set_xlabel("round")
+    for i, (nid, s) in enumerate(series.items()):
+        ax.plot([r for r, _ in s], [v for _, v in s], label=nid, **_series_style(i))
+    _round_axis(ax)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -210,7 +240,7 @@ def plot_relevance_scores(scores: Mapping[str, Any], out: Path) -> Path:
     rounds = [r["round"] for r in scores["per_round"]]
     for metric in ("precision", "recall", "precision_at_k", "spearman"):
         ax.plot(rounds, [r[metric] for r in scores["per_round"]], marker="o", label=metric)
-    ax.set_xlabel("round")
+    _round_axis(ax)
     ax.set_ylim(-1.05, 1.05)
     ax.set_title(f"{scores['vector']} vs ground truth (mean over nodes)")
     ax.grid(alpha=0.3)
@@ -222,9 +252,9 @@ def plot_epsilon(results: Mapping[str, Any], out: Path) -> Path | None:
     if all(r.get("epsilon") is None for n in results["nodes"] for r in n["rounds"]):
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for n in results["nodes"]:
-        ax.plot([r["round"] for r in n["rounds"]], [r["epsilon"] for r in n["rounds"]], marker="o", label=n["id"])
-    ax.set_xlabel("round")
+    for i, n in enumerate(results["nodes"]):
+        ax.plot([r["round"] for r in n["rounds"]], [r["epsilon"] for r in n["rounds"]], label=n["id"], **_series_style(i))
+    _round_axis(ax)
     ax.set_ylabel("cumulative ε")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -292,7 +322,7 @@ def report_compare(folder: Path) -> list[Path]:
         if per_round:
             xs = sorted(per_round)
             ax.plot(xs, [np.mean(per_round[x]) for x in xs], marker="o", label=label)
-    ax.set_xlabel("round")
+    _round_axis(ax)
     ax.set_ylabel("parameter MiB downloaded (all nodes)")
     ax.set_title("communication per round")
     ax.grid(alpha=0.3)
