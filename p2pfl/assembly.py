@@ -118,8 +118,13 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
     _process_settings(configs)
 
     async def run(config: NodeConfig) -> dict[str, Any]:
-        result = await assemble_node(config, resume=resume, on_round=on_round).run()
-        RunFolder(config.out).write_result(config.id, result)
+        node = assemble_node(config, resume=resume, on_round=on_round)
+        folder = RunFolder(config.out)
+        if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
+            folder.scenario.parent.mkdir(parents=True, exist_ok=True)
+            folder.scenario.write_text(json.dumps(node.scenario.to_dict(), indent=2))
+        result = await node.run()
+        folder.write_result(config.id, result)
         return result
 
     return list(await asyncio.gather(*(run(c) for c in configs)))

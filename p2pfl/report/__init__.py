@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 from p2pfl.report.tables import held_out_table, poisoning_table, write_compare_tables  # noqa: E402
 from p2pfl.core.scoring import overlap_matrix  # noqa: E402
-from p2pfl.runtime.run_folder import load_artefacts, row_slug  # noqa: E402
+from p2pfl.runtime.run_folder import RunFolder, load_artefacts, row_slug  # noqa: E402
 from p2pfl.runtime.timing import PHASES, compute_fraction  # noqa: E402
 
 PHASE_COLOURS = {"train": "#1f77b4", "privacy": "#9467bd", "evaluate": "#2ca02c", "publish": "#ff7f0e",
@@ -356,4 +356,27 @@ def make_report(folder: Path) -> list[Path]:
         return paths
     if (folder / "results.json").is_file():
         return report_run(folder)
-    raise FileNotFoundError(f"{folder} holds neither results.json (a run) nor compare.json (a compare)")
+    if merge_node_results(folder):
+        return report_run(folder)
+    raise FileNotFoundError(f"{folder} holds neither results.json (a run), nor compare.json (a compare), nor "
+                            "scenario.json with nodes/*.result.json (a LAN run's per-node results)")
+
+
+def merge_node_results(folder: Path) -> bool:
+    """A LAN run has no launcher: each node wrote `nodes/<id>.result.json` (and `scenario.json`)
+    into its own run folder. Copied into one folder, they become the `results.json` a launcher
+    would have written; False when the folder holds no such files."""
+    from p2pfl.data import build_partition
+    from p2pfl.scenario.results import build_results
+    from p2pfl.scenario.schema import scenario_from_dict
+
+    run = RunFolder(folder)
+    results = sorted((folder / "nodes").glob("*.result.json"))
+    if not run.scenario.is_file() or not results:
+        return False
+    scenario = scenario_from_dict(json.loads(run.scenario.read_text()), source=str(run.scenario))
+    walls = [json.loads(p.read_text()).get("wall_s", 0.0) for p in results]
+    partition = build_partition(scenario.data, scenario.nodes, scenario.seed, only=[])
+    merged = build_results(scenario, folder, {}, max(walls), partition.ground_truth())
+    run.results.write_text(json.dumps(merged, indent=1))
+    return True

@@ -22,6 +22,9 @@ from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
 from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, scenario_from_dict
 
 
+MAX_NODE_COLUMNS = 12
+
+
 @dataclass(frozen=True)
 class Row:
     """One table row: an algorithm, its parameters, and scenario overrides (keys with a dot)."""
@@ -118,7 +121,9 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]]) -> str:
     node_labels = first["node_labels"]
     show_held = any(s.get("held_out_acc") is not None for runs in rows.values() for s in runs)
     show_eps = any(s.get("epsilon") is not None for runs in rows.values() for s in runs)
-    head = ["algorithm", *node_labels, "avg", "best", "avg aggregated", "best aggregated"]
+    if len(node_labels) > MAX_NODE_COLUMNS:  # 100 columns help nobody; results.json has them all
+        node_labels = []
+    head = ["algorithm", *node_labels, "avg %", "best round %", "avg aggregated %", "best round aggregated %"]
     if show_held:
         head.append("held-out")
     if show_eps:
@@ -138,6 +143,10 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]]) -> str:
         cells.append(f"{statistics.fmean(r['total_bytes'] for r in runs) / 2**20:.1f}")
         cells.append(str(len(runs)))
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round; "
+                 "*best round*: the round with the highest mean, picked on the test split (optimistic); "
+                 "*aggregated*: the model right after aggregation.")
     return "\n".join(lines)
 
 
@@ -172,7 +181,7 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
         failures += code != 0
         summaries[row.label].append(summarize_run(results))
         s = summaries[row.label][-1]
-        print(f"{row.label} seed {seed}: acc {s['final']:.3f} (aggregated {s['final_aggregated']:.3f}), "
+        print(f"{row.label} seed {seed}: acc {100 * s['final']:.1f} % (aggregated {100 * s['final_aggregated']:.1f} %), "
               f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
               file=sys.stderr)
     table = format_table(summaries)

@@ -106,23 +106,34 @@ def human_bytes(n: float) -> str:
 
 
 def format_summary(results: Mapping[str, Any]) -> str:
-    header = f"{'node':<10} {'domain':<8} {'status':<16} {'n_train':>7} {'acc':>6} {'acc_agg':>7} {'epsilon':>8} {'sent':>10} {'received':>10}"
+    """The table `p2pfl run` prints: accuracies in percent, as in `compare` and `report`
+    (results.json keeps fractions)."""
+    header = (f"{'node':<10} {'domain':<8} {'status':<16} {'n_train':>7} {'acc %':>6} {'agg %':>6} {'epsilon':>8} "
+              f"{'sent':>10} {'received':>10}")
     lines = [header, "-" * len(header)]
     for n in results["nodes"]:
         totals = n.get("totals", {})
         lines.append(
             f"{n['id']:<10} {str(n.get('domain') or '-'):<8} {n.get('status', '?'):<16} {n.get('n_train', 0):>7} "
-            f"{_fmt(n.get('final_test_acc')):>6} {_fmt(n.get('final_test_acc_aggregated')):>7} "
+            f"{_pct(n.get('final_test_acc')):>6} {_pct(n.get('final_test_acc_aggregated')):>6} "
             f"{_fmt(n.get('final_epsilon'), '.2f'):>8} {human_bytes(totals.get('bytes_sent', 0)):>10} "
             f"{human_bytes(totals.get('bytes_received', 0)):>10}"
         )
     s = results["summary"]
     lines.append("-" * len(header))
     lines.append(
-        f"{results['algorithm']}: mean acc {_fmt(s['mean_acc'])} (std {_fmt(s['std_acc'])}), weighted {_fmt(s['weighted_acc'])}, "
-        f"aggregated {_fmt(s.get('mean_acc_aggregated'))}, epsilon {_fmt(s.get('max_epsilon'), '.2f')}, "
+        f"{results['algorithm']}: mean acc {_pct(s['mean_acc'])} % (std {_pct(s['std_acc'])}), weighted {_pct(s['weighted_acc'])} %, "
+        f"after aggregation {_pct(s.get('mean_acc_aggregated'))} %, epsilon {_fmt(s.get('max_epsilon'), '.2f')}, "
         f"bytes {human_bytes(s['total_bytes'])}, wall {s['wall_s']:.1f} s, compute fraction {_fmt(s.get('compute_fraction'), '.2f')}"
     )
     if "held_out_acc" in s:
-        lines.append(f"held-out domain accuracy (global model): {_fmt(s['held_out_acc'])} (best {_fmt(s['held_out_acc_best'])})")
+        lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")
+    if s.get("nodes_failed"):
+        lines.append(f"nodes that failed or ended isolated: {', '.join(s['nodes_failed'])}")
     return "\n".join(lines)
+
+
+def _pct(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * float(value):.1f}"

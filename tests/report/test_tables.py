@@ -79,3 +79,22 @@ def test_report_command_writes_the_cross_folder_table(tmp_path: Path, capsys: py
     assert path.read_text().startswith("| row | mnist | usps |")
     assert main(["report", str(tmp_path / "nothing-here")]) == 2
     assert "nothing-here" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_report_merges_a_lan_runs_per_node_results(tmp_path: Path) -> None:
+    """No launcher on a LAN: nodes' own result files plus scenario.json make the report."""
+    from p2pfl.report import make_report
+    from p2pfl.scenario.launcher import run_scenario
+    from tests.runtime.helpers import write_tiny
+
+    out = tmp_path / "run"
+    launched, code = run_scenario(write_tiny(tmp_path, nodes=2, rounds=1, samples=40), out, progress=False, quiet=True)
+    assert code == 0
+    (out / "results.json").unlink()  # what a folder of copied LAN node results looks like
+    paths = make_report(out)
+    merged = json.loads((out / "results.json").read_text())
+    assert [n["id"] for n in merged["nodes"]] == ["node-0", "node-1"]
+    assert [n["final_test_acc"] for n in merged["nodes"]] == [n["final_test_acc"] for n in launched["nodes"]]
+    assert merged["summary"]["mean_acc"] == launched["summary"]["mean_acc"]
+    assert any(p.name == "accuracy.png" for p in paths)
