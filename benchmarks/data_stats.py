@@ -1,4 +1,4 @@
-"""The two data tables of the README: Dirichlet label skew and digits domain shift.
+"""The two data tables of docs/data.md: Dirichlet label skew and digits domain shift.
 
     python benchmarks/data_stats.py [--skip-skew] [--skip-shift] [--seeds 0 1 2] [--model-seeds 0 1 2 3]
 

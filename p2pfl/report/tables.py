@@ -1,6 +1,6 @@
 """Markdown tables across the runs of a compare folder, or across several compare folders.
 
-`p2pfl report` writes these next to its plots so that README numbers are copied from files
+`p2pfl report` writes these next to its plots so that the docs' numbers are copied from files
 that a command produced, never typed in:
 
 * `relevance.md`: how well each relevance-keeping row (pFedSV, FedFomo) recovers the

@@ -1,4 +1,4 @@
-"""Tables that README numbers are copied from: built from small hand-made compare folders."""
+"""Tables that the docs' numbers are copied from: built from small hand-made compare folders."""
 
 from __future__ import annotations
 
