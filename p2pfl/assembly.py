@@ -20,7 +20,7 @@ import errno
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,20 +133,25 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
 def run_worker(config_paths: Sequence[Path], resume: bool = False) -> int:
     """Run every node of `config_paths` in this process; exit status 1 if any of them failed."""
     logs.configure()
-    results = _hosting([load_node_config(p) for p in config_paths], resume)
-    if not all(results):
-        return 2
-    return 1 if any(r["status"] in ENDED_BADLY for r in results) else 0
+    return _exit_status(_hosting([load_node_config(p) for p in config_paths], resume))
 
 
 def run_node(config: NodeConfig, resume: bool = False) -> int:
     logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
     [result] = _hosting([config], resume)
-    if not result:
+    if result.get("rounds") is not None:
+        print(f"{config.id}: {result['status']}, final accuracy {result.get('final_test_acc')}; "
+              f"result in {RunFolder(config.out).node_result(config.id)}", file=sys.stderr)
+    return _exit_status([result])
+
+
+def _exit_status(results: Sequence[Mapping[str, Any]]) -> int:
+    """2: could not start (a port taken); 130: interrupted; 1: a node failed or ended isolated."""
+    if not all(results):
         return 2
-    print(f"{config.id}: {result['status']}, final accuracy {result.get('final_test_acc')}; "
-          f"result in {RunFolder(config.out).node_result(config.id)}", file=sys.stderr)
-    return 1 if result["status"] in ENDED_BADLY else 0
+    if any(r["status"] == "interrupted" for r in results):
+        return 130
+    return 1 if any(r["status"] in ENDED_BADLY for r in results) else 0
 
 
 def _hosting(configs: Sequence[NodeConfig], resume: bool) -> list[dict[str, Any]]:
@@ -156,6 +161,9 @@ def _hosting(configs: Sequence[NodeConfig], resume: bool) -> list[dict[str, Any]
         # at a terminal reads the per-round log lines instead.
         on_round = None if sys.stdout.isatty() else print_progress
         return asyncio.run(host_nodes(configs, resume=resume, on_round=on_round))
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the run: the checkpoints keep the rounds done
+        logging.getLogger("p2pfl").warning("interrupted; rounds finished so far are checkpointed (--resume)")
+        return [{"status": "interrupted"} for _ in configs]
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise

@@ -328,7 +328,41 @@ def report_compare(folder: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "communication.png"))
+    paths.append(_compare_curves(folder, labels, out))
     return paths + write_compare_tables(folder, out)
+
+
+def _compare_curves(folder: Path, labels: list[str], out: Path) -> Path:
+    """Mean accuracy over nodes per round, one line per algorithm (band: min-max over seeds),
+    after local training and after aggregation."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for i, label in enumerate(labels):
+        runs = [json.loads(p.read_text()) for p in sorted((folder / row_slug(label)).glob("seed*/results.json"))]
+        for ax, key in zip(axes, ("test_acc", "test_acc_aggregated")):
+            per_round: dict[int, list[float]] = defaultdict(list)
+            for res in runs:
+                by_round: dict[int, list[float]] = defaultdict(list)
+                for n in res["nodes"]:
+                    for r in n["rounds"]:
+                        if r.get(key) is not None:
+                            by_round[r["round"]].append(r[key])
+                for r, v in by_round.items():
+                    per_round[r].append(float(np.mean(v)))
+            if not per_round:
+                continue
+            xs = sorted(per_round)
+            line, = ax.plot(xs, [np.mean(per_round[x]) for x in xs], label=label, **_series_style(i))
+            if len(runs) > 1:
+                ax.fill_between(xs, [min(per_round[x]) for x in xs], [max(per_round[x]) for x in xs],
+                                color=line.get_color(), alpha=0.15)
+    axes[0].set_title("after local training")
+    axes[1].set_title("after aggregation")
+    for ax in axes:
+        _round_axis(ax)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean test accuracy over nodes")
+    axes[1].legend(fontsize=7)
+    return _save(fig, out / "accuracy_by_round.png")
 
 
 def report_held_out(folders: list[Path], out: Path) -> Path:

@@ -19,6 +19,16 @@ from p2pfl.wire import NodeKey
 from .helpers import lone_node
 
 
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> object:
+    """Some tests configure logging as a node process does; later tests get the root logger back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 def test_a_node_whose_peers_are_all_down_ends_isolated(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     node = lone_node(tmp_path, NodeKey.generate())  # its one peer is never started
     caplog.set_level(logging.INFO, logger="p2pfl")
@@ -116,3 +126,17 @@ def test_a_cap_above_every_share_is_said(tmp_path: Path) -> None:
     partition = build_partition(DataSpec(dataset="mnist", samples_per_node=999_999), 10, 0, only=[])
     assert partition.meta["largest_share"] == 500
     assert "largest_share" not in build_partition(DataSpec(dataset="mnist", samples_per_node=100), 10, 0, only=[]).meta
+
+
+def test_a_node_process_stopped_by_ctrl_c_exits_130_without_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from p2pfl import assembly
+
+    async def interrupted(*args: object, **kwargs: object) -> list:
+        raise KeyboardInterrupt
+
+    node = lone_node(tmp_path, NodeKey.generate())
+    monkeypatch.setattr(assembly, "host_nodes", interrupted)
+    assert assembly.run_node(node.config) == 130  # its process's logging goes to stderr
+    err = capsys.readouterr().err
+    assert "interrupted; rounds finished so far are checkpointed" in err and "Traceback" not in err
