@@ -20,11 +20,11 @@ from typing import Any
 from tqdm import tqdm
 
 from p2pfl.algorithms import strategy_class
-from p2pfl.errors import ConfigError
+from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.data import build_partition
+from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
-from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
