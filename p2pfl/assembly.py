@@ -118,8 +118,14 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
     _process_settings(configs)
 
     async def run(config: NodeConfig) -> dict[str, Any]:
-        node = assemble_node(config, resume=resume, on_round=on_round)
         folder = RunFolder(config.out)
+
+        def recorded(record: dict[str, Any]) -> None:
+            folder.append_round(config.id, record)  # for a live view of the run
+            if on_round is not None:
+                on_round(record)
+
+        node = assemble_node(config, resume=resume, on_round=recorded)
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
             folder.scenario.write_text(json.dumps(node.scenario.to_dict(), indent=2))

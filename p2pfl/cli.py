@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replace a run already in --out (its results, logs, checkpoints and keys are deleted first)")
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out from each node's last complete round (same scenario)")
+    run.add_argument("--dashboard", metavar="PORT", nargs="?", type=int, const=8050, default=None,
+                     help="serve a live view of the run on http://127.0.0.1:PORT/ (default port 8050)")
     run.add_argument("--ray", metavar="auto|HOST:PORT", default=None,
                      help='run the nodes on a Ray cluster (runtime.placement = "ray"); start one with `ray start --head`')
     _add_set(run)
@@ -83,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     lan.add_argument("--hosts", required=True, help="comma-separated host:port, one per node, in node order")
     lan.add_argument("--coordinator", default=None, help="host:port of the coordinator, for DI/GA")
     lan.add_argument("--out", type=Path, required=True)
+
+    dash = sub.add_parser("dashboard", help="serve a live view of a run folder, running or finished")
+    dash.add_argument("run", type=Path)
+    dash.add_argument("--port", type=int, default=8050)
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
 
     rep = sub.add_parser("report", help="plots and tables from run folders or compare folders")
     rep.add_argument("folders", type=Path, nargs="+",
@@ -137,8 +144,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.ray is not None:
             overrides += ['runtime.placement="ray"', f"runtime.ray_address={json.dumps(args.ray)}"]
         _, code = run_scenario(args.scenario, args.out, overrides, progress=not args.no_progress,
-                               timeout_s=args.timeout, force=args.force, resume=args.resume)
+                               timeout_s=args.timeout, force=args.force, resume=args.resume,
+                               dashboard_port=args.dashboard)
         return code
+    if args.command == "dashboard":
+        from p2pfl.report.dashboard import serve_dashboard
+
+        if not (args.run / "scenario.json").is_file():
+            raise ConfigError("run", f"{args.run} is not a run folder (no scenario.json)")
+        serve_dashboard(args.run, args.host, args.port)
+        return 0
     if args.command == "node":
         from p2pfl.runtime.config import load_node_config
         from p2pfl.assembly import run_node

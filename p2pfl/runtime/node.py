@@ -80,7 +80,7 @@ class NodeParts:
 class Node:
     """Runs rounds: train, publish, gather what the strategy asks for, aggregate, checkpoint.
 
-    `on_round` hears `{id, round, test_acc}` after every round; `run` returns the node's
+    `on_round` hears each round's record (with the node's `id`) as the round ends; `run` returns the node's
     result. Whoever hosts the node decides where they go (`p2pfl.assembly`).
     """
 
@@ -344,7 +344,7 @@ class Node:
                 record = await (self.run_round(r) if takes_part else self.sit_out(r))
                 self.rounds.append(record)
                 await asyncio.to_thread(self.write_checkpoint)
-                self.on_round({"id": cfg.id, "round": r, "test_acc": record["test_acc"]})
+                self.on_round({"id": cfg.id, **record})
             if status == "ok" and self._isolated():
                 status = "isolated"
                 self.log.warning("ended isolated: asked for peers in %d rounds and none ever answered",

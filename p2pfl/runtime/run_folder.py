@@ -4,6 +4,7 @@
     RUN/keys/<id>.key               each node's signing key
     RUN/nodes/<id>.json             each node's (and the coordinator's) config
     RUN/nodes/<id>.result.json      what each node reports when it ends
+    RUN/nodes/<id>.rounds.jsonl     each round's record as soon as the round ends
     RUN/checkpoints/<id>.p2pfl      signed checkpoints (--resume)
     RUN/artefacts/<id>.jsonl        strategies' larger per-round outputs (`ArtefactSink.save`)
     RUN/logs/<process>.log          one log per process
@@ -59,6 +60,10 @@ class RunFolder:
     def node_result(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.result.json"
 
+    def node_rounds(self, node_id: str) -> Path:
+        """One JSON line per finished round, appended as the node goes (what a live view reads)."""
+        return self.root / "nodes" / f"{node_id}.rounds.jsonl"
+
     def checkpoint(self, node_id: str) -> Path:
         return self.root / "checkpoints" / f"{node_id}.p2pfl"
 
@@ -72,6 +77,12 @@ class RunFolder:
     def present(self) -> list[str]:
         """The run entries this folder already holds."""
         return [name for name in ENTRIES if (self.root / name).exists()]
+
+    def append_round(self, node_id: str, record: Mapping[str, Any]) -> None:
+        path = self.node_rounds(node_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
 
     def write_result(self, node_id: str, result: Mapping[str, Any]) -> None:
         path = self.node_result(node_id)

@@ -158,8 +158,14 @@ def _hosts_on_ray(workers: RayWorkers, out: Path, resume: bool, bar: tqdm) -> tu
 
 async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
                      progress: bool, timeout_s: float | None, resume: bool = False,
-                     ray_workers: RayWorkers | None = None) -> dict[str, int]:
+                     ray_workers: RayWorkers | None = None, dashboard_port: int | None = None) -> dict[str, int]:
     """Run the coordinator (as a process here) and the nodes in their placement; node id -> exit status."""
+    dashboard = None
+    if dashboard_port is not None:
+        from p2pfl.report.dashboard import start_dashboard
+
+        dashboard = await start_dashboard(out, port=dashboard_port)
+        print(f"dashboard: http://127.0.0.1:{dashboard_port}/", file=sys.stderr, flush=True)
     coordinator = None
     if coordinator_path is not None:
         coordinator = await _spawn(
@@ -199,9 +205,12 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
         kill_hosts()
         if coordinator is not None and coordinator.returncode is None:
             coordinator.kill()
+        if dashboard is not None:
+            await dashboard.cleanup()
 
 
-def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float | None) -> dict[str, int]:
+def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float | None,
+                dashboard_port: int | None = None) -> dict[str, int]:
     ray = connect(scenario.runtime.ray_address)
     workers = RayWorkers.start(ray, node_ids(scenario.nodes), scenario.runtime.workers)
     try:
@@ -211,7 +220,7 @@ def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float 
             addresses[COORDINATOR_ID] = (here, free_ports(1, here)[0])
         node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
         return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
-                                      ray_workers=workers))
+                                      ray_workers=workers, dashboard_port=dashboard_port))
     finally:
         workers.stop()
 
@@ -237,10 +246,11 @@ def claim_out(out: Path, force: bool) -> None:
 
 def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (), *, progress: bool = True,
                  timeout_s: float | None = None, quiet: bool = False, force: bool = False,
-                 resume: bool = False) -> tuple[dict[str, Any], int]:
+                 resume: bool = False, dashboard_port: int | None = None) -> tuple[dict[str, Any], int]:
     """Run one scenario file to completion; returns (results, exit code)."""
     scenario = scenario_from_dict(apply_overrides(read_raw(path), overrides), source=str(path))
-    return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force, resume=resume)
+    return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force, resume=resume,
+                      dashboard_port=dashboard_port)
 
 
 def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
@@ -260,7 +270,8 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
 
 
 def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
-               quiet: bool = False, force: bool = False, resume: bool = False) -> tuple[dict[str, Any], int]:
+               quiet: bool = False, force: bool = False, resume: bool = False,
+               dashboard_port: int | None = None) -> tuple[dict[str, Any], int]:
     out = Path(out)
     started = time.perf_counter()
     # Before any process starts: a partition that cannot be made (too few samples for
@@ -278,14 +289,16 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
                                           "start it again, or run it with placement \"shared\" to resume")
         node_paths, coordinator_path = existing_run_folder(scenario, out.resolve())
         RunFolder(out).results.unlink(missing_ok=True)
-        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume))
+        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
+                                       dashboard_port=dashboard_port))
     elif scenario.runtime.placement == "ray":
         claim_out(out, force)
-        codes = _run_on_ray(scenario, out, progress, timeout_s)
+        codes = _run_on_ray(scenario, out, progress, timeout_s, dashboard_port)
     else:
         claim_out(out, force)
         node_paths, coordinator_path = write_run_folder(scenario, out)
-        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s))
+        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
+                                       dashboard_port=dashboard_port))
     wall_s = time.perf_counter() - started
     results = build_results(scenario, out, codes, wall_s, partition.ground_truth())
     scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))

@@ -1,0 +1,120 @@
+"""A live view of a run folder in the browser: `p2pfl run ... --dashboard [PORT]` or
+`p2pfl dashboard RUN_DIR`.
+
+The page (`dashboard.html`, served from the package: no CDN, no internet) polls `/api/state`
+once a second. The state is read from the run folder as nodes write it: each round's record
+(`nodes/<id>.rounds.jsonl`), results as nodes end, strategies' artefacts (influence,
+relevance, affinity vectors). It binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from p2pfl.runtime.config import node_ids
+from p2pfl.runtime.run_folder import RunFolder, load_artefacts
+from p2pfl.runtime.timing import PHASES
+
+HEATMAPS = ("lambda", "relevance", "affinity")  # artefacts saved as {"peers": [...], "values": [...]}
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _rounds(path: Path) -> list[dict[str, Any]]:
+    """A node's round records, the last one per round (a resumed node writes rounds again)."""
+    by_round: dict[int, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line being written right now
+                continue
+            by_round[record["round"]] = record
+    return [by_round[r] for r in sorted(by_round)]
+
+
+def dashboard_state(run_dir: Path) -> dict[str, Any]:
+    """What the page shows, from the run folder as it is now."""
+    folder = RunFolder(run_dir)
+    if not folder.scenario.is_file():
+        return {"ready": False}
+    scenario = json.loads(folder.scenario.read_text())
+    ids = node_ids(scenario["nodes"])
+    nodes = []
+    for nid in ids:
+        rounds = _rounds(folder.node_rounds(nid))
+        result = json.loads(folder.node_result(nid).read_text()) if folder.node_result(nid).is_file() else None
+        nodes.append({
+            "id": nid,
+            "status": result["status"] if result else ("running" if rounds else "starting"),
+            "round": rounds[-1]["round"] if rounds else 0,
+            "rounds": [{
+                "round": r["round"], "test_acc": _finite(r.get("test_acc")),
+                "test_acc_aggregated": _finite(r.get("test_acc_aggregated")),
+                "mib_received": r.get("bytes_received", 0) / 2**20,
+                "epsilon": _finite(r.get("epsilon")) if not isinstance(r.get("epsilon"), str) else None,
+                "time": {p: r.get("time", {}).get(f"{p}_s", 0.0) for p in PHASES},
+            } for r in rounds],
+        })
+    artefacts = load_artefacts(run_dir)
+    heatmaps = {}
+    for name in HEATMAPS:
+        if name not in artefacts:
+            continue
+        index = {nid: i for i, nid in enumerate(ids)}
+        matrix: list[list[float | None]] = [[None] * len(ids) for _ in ids]
+        for node, by_round in artefacts[name].items():
+            if node in index and by_round:
+                latest = by_round[max(by_round)]
+                for peer, value in zip(latest["peers"], latest["values"]):
+                    if peer in index:
+                        matrix[index[node]][index[peer]] = _finite(float(value))
+        heatmaps[name] = {"ids": ids, "matrix": matrix}
+    return {"ready": True, "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
+            "rounds": scenario["rounds"], "nodes": nodes, "heatmaps": heatmaps, "phases": list(PHASES),
+            "done": folder.results.is_file()}
+
+
+def dashboard_app(run_dir: Path) -> web.Application:
+    page = resources.files("p2pfl.report").joinpath("dashboard.html").read_text()
+
+    async def index(_: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html")
+
+    async def state(_: web.Request) -> web.Response:
+        return web.json_response(await asyncio.to_thread(dashboard_state, run_dir))
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/api/state", state)
+    return app
+
+
+async def start_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 8050) -> web.AppRunner:
+    """Serve the page for `run_dir` on this event loop; `await runner.cleanup()` stops it."""
+    runner = web.AppRunner(dashboard_app(run_dir), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def serve_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 8050) -> None:
+    """`p2pfl dashboard`: serve until Ctrl-C."""
+    async def forever() -> None:
+        runner = await start_dashboard(run_dir, host, port)
+        print(f"dashboard of {run_dir}: http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(forever())

@@ -1,0 +1,85 @@
+"""The live view: its state from a run folder as nodes write it, and the page in a real
+headless Chromium during a short run (skipped where no Chromium is installed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from p2pfl.report.dashboard import dashboard_state
+from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.transport import free_ports
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_state_follows_the_run_folder_as_nodes_write_it(tmp_path: Path) -> None:
+    folder = RunFolder(tmp_path)
+    assert dashboard_state(tmp_path) == {"ready": False}
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 3, "algorithm": {"name": "pfedsv"}}))
+    folder.append_round("node-0", {"round": 1, "test_acc": 0.5, "test_acc_aggregated": 0.6, "bytes_received": 2**20,
+                                   "epsilon": None, "time": {"train_s": 1.0}})
+    folder.append_round("node-0", {"round": 1, "test_acc": 0.7, "test_acc_aggregated": 0.6, "bytes_received": 2**20,
+                                   "epsilon": "inf", "time": {}})  # a resumed node writes round 1 again
+    (tmp_path / "artefacts").mkdir()
+    (tmp_path / "artefacts" / "node-1.jsonl").write_text("\n".join(json.dumps(e) for e in [
+        {"node": "node-1", "round": 1, "name": "relevance", "value": {"peers": ["node-0"], "values": [0.1]}},
+        {"node": "node-1", "round": 2, "name": "relevance", "value": {"peers": ["node-0"], "values": [0.9]}},
+    ]) + "\n")
+    state = dashboard_state(tmp_path)
+    node0, node1 = state["nodes"]
+    assert (node0["status"], node0["round"], node1["status"]) == ("running", 1, "starting")
+    assert [r["test_acc"] for r in node0["rounds"]] == [0.7] and node0["rounds"][0]["epsilon"] is None
+    assert node0["rounds"][0]["mib_received"] == 1.0
+    assert state["heatmaps"]["relevance"]["matrix"] == [[None, None], [0.9, None]]  # node-1's latest round
+    folder.write_result("node-1", {"status": "isolated"})
+    assert dashboard_state(tmp_path)["nodes"][1]["status"] == "isolated"
+
+
+def _state(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (Debian package `chromium`)")
+def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -> None:
+    from p2pfl.scenario.launcher import run_scenario
+    from tests.runtime.helpers import write_tiny
+
+    port = free_ports(1, "127.0.0.1")[0]
+    scenario = write_tiny(tmp_path, nodes=3, rounds=8, samples=80)
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(code=run_scenario(
+        scenario, tmp_path / "run", progress=False, quiet=True, dashboard_port=port)[1]))
+    runner.start()
+    deadline = time.monotonic() + 120
+    state: dict = {}
+    while time.monotonic() < deadline:  # until at least one round is done, while the run goes on
+        try:
+            state = _state(port)
+            if state.get("ready") and any(n["round"] >= 1 for n in state["nodes"]):
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    assert state.get("ready") and not state["done"], "the dashboard never showed a running round"
+    browse = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
+              "--window-size=1300,1000"]
+    dom = subprocess.run([*browse, "--dump-dom", f"http://127.0.0.1:{port}/"], capture_output=True, text=True,
+                         timeout=90).stdout
+    shot = tmp_path / "dashboard.png"
+    subprocess.run([*browse, f"--screenshot={shot}", f"http://127.0.0.1:{port}/"], capture_output=True, timeout=90)
+    runner.join(timeout=180)
+    assert outcome.get("code") == 0
+    for nid in ("node-0", "node-1", "node-2"):
+        assert f'id="row-{nid}"' in dom  # the script ran and filled the node table
+    assert "node-rounds done" in dom and "<polyline" in dom  # summary line and drawn curves
+    assert shot.is_file() and shot.stat().st_size > 10_000
