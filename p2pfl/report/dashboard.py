@@ -22,7 +22,9 @@ from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts
 from p2pfl.runtime.timing import PHASES
 
-HEATMAPS = ("lambda", "relevance", "affinity")  # artefacts saved as {"peers": [...], "values": [...]}
+# Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
+# relevance and Shapley values (own node included), FedFomo's affinity and weights.
+HEATMAPS = ("lambda", "relevance", "shapley", "affinity", "fomo_weights")
 
 
 def _finite(value: Any) -> Any:
@@ -53,6 +55,8 @@ def dashboard_state(run_dir: Path) -> dict[str, Any]:
     for nid in ids:
         rounds = _rounds(folder.node_rounds(nid))
         result = json.loads(folder.node_result(nid).read_text()) if folder.node_result(nid).is_file() else None
+        if not rounds and result:  # a node that kept no round log (a run from before it, or a Ray worker's)
+            rounds = result.get("rounds", [])
         nodes.append({
             "id": nid,
             "status": result["status"] if result else ("running" if rounds else "starting"),
@@ -76,7 +80,7 @@ def dashboard_state(run_dir: Path) -> dict[str, Any]:
             if node in index and by_round:
                 latest = by_round[max(by_round)]
                 for peer, value in zip(latest["peers"], latest["values"]):
-                    if peer in index:
+                    if peer in index and isinstance(value, (int, float)):
                         matrix[index[node]][index[peer]] = _finite(float(value))
         heatmaps[name] = {"ids": ids, "matrix": matrix}
     return {"ready": True, "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
