@@ -155,6 +155,9 @@ class PartStore:
         self.latest: Published | None = None
         # Rounds up to here this node sits out (partial participation): nobody waits for them.
         self.sitting_out_through = 0
+        # A failed node serves nothing more: reads waiting on it end now, not at their timeout
+        # (which also held the node's shutdown for as long).
+        self.withdrawn = False
         self._changed = asyncio.Condition()
 
     async def sit_out(self, round_: int) -> None:
@@ -164,17 +167,17 @@ class PartStore:
 
     async def publish(self, published: Published) -> None:
         async with self._changed:
-            self.latest = published
+            self.latest, self.withdrawn = published, False
             self._changed.notify_all()
 
     async def withdraw(self) -> None:
         async with self._changed:
-            self.latest = None
+            self.latest, self.withdrawn = None, True
             self._changed.notify_all()
 
     async def wait_for(self, min_version: int, timeout: float) -> Published | None:
         def ready() -> bool:
-            if self.sitting_out_through >= min_version:
+            if self.withdrawn or self.sitting_out_through >= min_version:
                 return True
             return self.latest is not None and self.latest.version >= min_version
 
@@ -330,6 +333,8 @@ class Endpoint:
         finally:
             self._reads_by_peer[requester] -= 1
         if published is None:
+            if self.store.withdrawn:
+                return web.Response(status=410, text=f"{self.node_id} has withdrawn: it failed and serves nothing more")
             if self.store.sitting_out_through >= min_version:
                 return web.Response(status=404, text=f"{self.node_id} sits out round {min_version} and has published nothing yet")
             return web.Response(status=204)

@@ -57,3 +57,22 @@ def test_a_run_whose_nodes_all_fail_ends_within_seconds(tmp_path: Path) -> None:
     assert coordinator_result is not None and coordinator_result["rounds"] == []
     # The coordinator would otherwise wait 4 x fetch_timeout_s for round 1's statistics.
     assert wall < 20, wall
+
+
+def test_withdrawing_ends_the_reads_waiting_on_a_failed_node_at_once() -> None:
+    """Otherwise a peer's long-poll held the failed node's shutdown for its whole timeout."""
+    import asyncio
+
+    from p2pfl.runtime.transport import PartStore
+
+    async def scenario() -> tuple[object, float]:
+        store = PartStore()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        waiting = asyncio.create_task(store.wait_for(5, timeout=30.0))
+        await asyncio.sleep(0.05)
+        await store.withdraw()
+        return await asyncio.wait_for(waiting, 5.0), loop.time() - started
+
+    published, seconds = asyncio.run(scenario())
+    assert published is None and seconds < 1.0
