@@ -138,11 +138,11 @@ def _blocking(work: Callable[[], T]) -> T:
 
 
 def _scenario(scenario: str | Path | Mapping[str, Any], overrides: Sequence[str]) -> Any:
-    from p2pfl.scenario.schema import apply_overrides, read_raw, scenario_from_dict
+    from p2pfl.scenario.schema import apply_overrides, load_scenario, scenario_from_dict
 
     if isinstance(scenario, Mapping):
         return scenario_from_dict(apply_overrides(dict(scenario), overrides), source="<dict>")
-    return scenario_from_dict(apply_overrides(read_raw(scenario), overrides), source=str(scenario))
+    return load_scenario(scenario, overrides)
 
 
 def run(scenario: str | Path | Mapping[str, Any], out: str | Path, overrides: Sequence[str] = (), *,

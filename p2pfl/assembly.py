@@ -106,16 +106,17 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     return Node(config, sc, parts, resume=resume, on_round=on_round)
 
 
-def _process_settings(configs: Sequence[NodeConfig]) -> None:
-    scenario = load_scenario(configs[0].scenario, configs[0].overrides)
-    torch.set_num_threads(scenario.runtime.torch_threads)
-
-
 async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
                      on_round: RoundCallback | None = None) -> list[dict[str, Any]]:
     """Build and run every node of `configs` on this event loop; each node's result goes into
     its run folder as it ends. Their results, in order."""
-    _process_settings(configs)
+    # The nodes of one worker share a scenario file: parsed once, not once per node.
+    scenarios: dict[tuple[Path, tuple[str, ...]], Scenario] = {}
+    for c in configs:
+        key = (c.scenario, tuple(c.overrides))
+        if key not in scenarios:
+            scenarios[key] = load_scenario(c.scenario, c.overrides)
+    torch.set_num_threads(scenarios[(configs[0].scenario, tuple(configs[0].overrides))].runtime.torch_threads)
 
     async def run(config: NodeConfig) -> dict[str, Any]:
         folder = RunFolder(config.out)
@@ -125,7 +126,8 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
             if on_round is not None:
                 on_round(record)
 
-        node = assemble_node(config, resume=resume, on_round=recorded)
+        node = assemble_node(config, scenarios[(config.scenario, tuple(config.overrides))], resume=resume,
+                             on_round=recorded)
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
             folder.scenario.write_text(json.dumps(node.scenario.to_dict(), indent=2))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,18 @@ def _round_axis(ax: plt.Axes) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _protocol_panels(axes: Sequence[plt.Axes], ylabel: str, prefix: str) -> None:
+    """Titles, round axes, grid and legend of a figure's two panels: the model after local
+    training (left) and right after aggregation (right)."""
+    axes[0].set_title(f"{prefix}after local training")
+    axes[1].set_title(f"{prefix}after aggregation")
+    for ax in axes:
+        _round_axis(ax)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    axes[1].legend(fontsize=7)
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -70,13 +82,7 @@ def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
         label = _node_label(results, n)
         axes[0].plot(rounds, [r["test_acc"] for r in n["rounds"]], label=label, **_series_style(i))
         axes[1].plot(rounds, [r["test_acc_aggregated"] for r in n["rounds"]], label=label, **_series_style(i))
-    axes[0].set_title("test accuracy after local training")
-    axes[1].set_title("test accuracy after aggregation")
-    for ax in axes:
-        _round_axis(ax)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy")
-    axes[1].legend(fontsize=7)
+    _protocol_panels(axes, "accuracy", prefix="test accuracy ")
     fig.suptitle(f"{results['scenario']['name']}: {results['algorithm']}")
     return _save(fig, out / "accuracy.png")
 
@@ -306,13 +312,13 @@ def report_compare(folder: Path) -> list[Path]:
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     paths = [_save(fig, out / "accuracy.png")]
+    runs_by_row = {label: [json.loads(p.read_text()) for p in sorted((folder / row_slug(label)).glob("seed*/results.json"))]
+                   for label in labels}
     # Communication per algorithm per round (pFedSV Fig. 8), from the per-run results.
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label in labels:
-        runs = sorted((folder / row_slug(label)).glob("seed*/results.json"))
+    for label, runs in runs_by_row.items():
         per_round: dict[int, list[float]] = defaultdict(list)
-        for path in runs:
-            res = json.loads(path.read_text())
+        for res in runs:
             by_round: dict[int, float] = defaultdict(float)
             for n in res["nodes"]:
                 for r in n["rounds"]:
@@ -328,16 +334,15 @@ def report_compare(folder: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "communication.png"))
-    paths.append(_compare_curves(folder, labels, out))
+    paths.append(_compare_curves(runs_by_row, out))
     return paths + write_compare_tables(folder, out)
 
 
-def _compare_curves(folder: Path, labels: list[str], out: Path) -> Path:
+def _compare_curves(runs_by_row: Mapping[str, list[dict[str, Any]]], out: Path) -> Path:
     """Mean accuracy over nodes per round, one line per algorithm (band: min-max over seeds),
     after local training and after aggregation."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for i, label in enumerate(labels):
-        runs = [json.loads(p.read_text()) for p in sorted((folder / row_slug(label)).glob("seed*/results.json"))]
+    for i, (label, runs) in enumerate(runs_by_row.items()):
         for ax, key in zip(axes, ("test_acc", "test_acc_aggregated")):
             per_round: dict[int, list[float]] = defaultdict(list)
             for res in runs:
@@ -355,13 +360,7 @@ def _compare_curves(folder: Path, labels: list[str], out: Path) -> Path:
             if len(runs) > 1:
                 ax.fill_between(xs, [min(per_round[x]) for x in xs], [max(per_round[x]) for x in xs],
                                 color=line.get_color(), alpha=0.15)
-    axes[0].set_title("after local training")
-    axes[1].set_title("after aggregation")
-    for ax in axes:
-        _round_axis(ax)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("mean test accuracy over nodes")
-    axes[1].legend(fontsize=7)
+    _protocol_panels(axes, "mean test accuracy over nodes", prefix="")
     return _save(fig, out / "accuracy_by_round.png")
 
 

@@ -32,7 +32,7 @@ from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
 from p2pfl.scenario.relevance import score_run
 from p2pfl.scenario.results import build_results, format_summary
-from p2pfl.scenario.schema import Scenario, apply_overrides, read_raw, scenario_from_dict
+from p2pfl.scenario.schema import Scenario, load_scenario, read_raw, scenario_from_dict
 from p2pfl.wire import NodeKey
 
 
@@ -248,7 +248,7 @@ def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (
                  timeout_s: float | None = None, quiet: bool = False, force: bool = False,
                  resume: bool = False, dashboard_port: int | None = None) -> tuple[dict[str, Any], int]:
     """Run one scenario file to completion; returns (results, exit code)."""
-    scenario = scenario_from_dict(apply_overrides(read_raw(path), overrides), source=str(path))
+    scenario = load_scenario(path, overrides)
     return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force, resume=resume,
                       dashboard_port=dashboard_port)
 
