@@ -40,19 +40,24 @@ def _run(tmp_path: Path, algorithm: str, placement: str, *extra: str) -> tuple[P
 
 
 def _assert_same_run(out_a: Path, a_results: dict, out_b: Path, b_results: dict) -> None:
-    """Same accuracies, losses and arrivals every round, and bit-equal final models."""
+    """Same arrivals every round, and the same accuracies, losses and final models up to float32
+    rounding. Bit-equality is not promised across placements: nodes sharing a process train in
+    concurrent threads, and the suite's own load can change which CPU kernel path (and so which
+    summation order) oneDNN takes; CI once saw one weight differ in its last bits. Anything a
+    placement could really change (data, seeds, peers, arrivals) moves these far past rounding."""
     for a, b in zip(a_results["nodes"], b_results["nodes"], strict=True):
         assert a["id"] == b["id"] and a["status"] == b["status"] == "ok"
         for ra, rb in zip(a["rounds"], b["rounds"], strict=True):
-            assert (ra["test_acc"], ra["test_loss"], ra["train_loss"]) == (rb["test_acc"], rb["test_loss"], rb["train_loss"])
             assert ra["arrived"] == rb["arrived"]
+            assert ra["test_acc"] == rb["test_acc"]
+            assert (ra["test_loss"], ra["train_loss"]) == pytest.approx((rb["test_loss"], rb["train_loss"]), rel=1e-5)
         states = [
             load_checkpoint(out / "checkpoints" / f"{a['id']}.p2pfl", node_id=a["id"],
                             public_hex=NodeKey.load(out / "keys" / f"{a['id']}.key").public_hex)
             for out in (out_a, out_b)
         ]
         for name, tensor in states[0].items():
-            assert torch.equal(tensor, states[1][name]), (a["id"], name)
+            torch.testing.assert_close(tensor, states[1][name], rtol=1e-5, atol=1e-6, msg=f"{a['id']} {name}")
 
 
 @pytest.mark.parametrize("algorithm", ["local", "fedavg"])
