@@ -35,6 +35,7 @@ from p2pfl.runtime.checkpoint import (
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import host_snapshot, to_device
+from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy
 from p2pfl.runtime.timing import PhaseClock
@@ -96,6 +97,7 @@ class Node:
         self.fresh_strategy, self.attack, self.key = parts.fresh_strategy, parts.attack, parts.key
         self.counter, self.neighbours = parts.counter, parts.neighbours
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
+        self.precision = scenario.runtime.wire_precision
         self.round = 0
         self.done = False
         # (peer, part) -> the push that may answer this round's fetch of it, while gather waits.
@@ -122,7 +124,8 @@ class Node:
             return None
         if part == "global":
             return self.specs["full"]
-        return self.specs.get(part)
+        spec = self.specs.get(part)
+        return None if spec is None else wire_spec(spec, self.precision)
 
     def _meta_schema(self, kind: str, part: str) -> Schema | None:
         if kind != "model":
@@ -143,7 +146,10 @@ class Node:
     def _peer_model(self, message: Message) -> PeerModel:
         """A verified message as a strategy sees it: every tensor already on this node's device."""
         h = message.header
-        return PeerModel(h.sender, h.part, h.round, h.version, to_device(message.torch_tensors(), self.device), dict(h.meta))
+        tensors = message.torch_tensors()
+        if h.part != "global":  # the coordinator's global model travels at full precision
+            tensors = dequantize(tensors, self.specs[h.part], self.precision)
+        return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), dict(h.meta))
 
     def _on_departed(self, peer: str, reason: str) -> None:
         self.ctx.unreachable.add(peer)
@@ -232,6 +238,7 @@ class Node:
             parts = {p: host_snapshot(part_state(self.model, p)) for p in strategy.shared_parts}
             if self.attack is not None:
                 parts = self.attack.published(parts, host_snapshot(ctx.round_start), r)
+            parts = {p: quantize(t, self.precision) for p, t in parts.items()}
             await self.endpoint.publish(r, r, parts, meta)
         clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
         pushes = await asyncio.to_thread(strategy.pushes, ctx)
@@ -439,7 +446,8 @@ class Node:
     async def _republish(self) -> None:
         """Serve the restored model at once, so peers that accept stale parts need not wait a round."""
         if self.round and self.strategy.shared_parts:
-            parts = {p: host_snapshot(part_state(self.model, p)) for p in self.strategy.shared_parts}
+            parts = {p: quantize(host_snapshot(part_state(self.model, p)), self.precision)
+                     for p in self.strategy.shared_parts}
             meta = {"n_train": len(self.data.train), **self.strategy.shared_meta(self.ctx)}
             await self.endpoint.publish(self.round, self.round, parts, meta)
 

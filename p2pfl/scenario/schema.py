@@ -26,6 +26,7 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
+from p2pfl.runtime.precision import WIRE_PRECISIONS
 from p2pfl.runtime.topology import Topology
 from p2pfl.training import TrainConfig
 
@@ -92,6 +93,7 @@ class RuntimeSpec:
     participation: float = 1.0        # chance that a node takes part in a round (its own seeded draw)
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
+    wire_precision: str = "float32"   # shared parameters on the wire: float32 | float16 | int8 (per-tensor scale)
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s"):
@@ -108,6 +110,9 @@ class RuntimeSpec:
             raise ConfigError("runtime.start_wait_s", f"must be >= 0, got {self.start_wait_s}")
         if self.torch_threads < 1:
             raise ConfigError("runtime.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        if self.wire_precision not in WIRE_PRECISIONS:
+            raise ConfigError("runtime.wire_precision",
+                              f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")
 
 
 @dataclass(frozen=True)
