@@ -1,4 +1,4 @@
-"""The `p2pfl` command: run, node, coordinator, compare, report, data."""
+"""The `p2pfl` command: run, node, coordinator, compare, report, data, lan, keygen, roster."""
 
 from __future__ import annotations
 
@@ -80,11 +80,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(cmp_)
     _add_log_level(cmp_)
 
-    lan = sub.add_parser("lan", help="write keys and node configs for a LAN deployment")
+    lan = sub.add_parser("lan", help="one admin's shortcut: every key, the roster and each node's config for a LAN")
     lan.add_argument("scenario", type=Path)
     lan.add_argument("--hosts", required=True, help="comma-separated host:port, one per node, in node order")
     lan.add_argument("--coordinator", default=None, help="host:port of the coordinator, for DI/GA")
     lan.add_argument("--out", type=Path, required=True)
+    _add_set(lan)
+
+    keygen = sub.add_parser("keygen", help="make this host's private key and print its roster entry")
+    keygen.add_argument("node_id", help='the node\'s id as the roster will list it (or "coordinator")')
+    keygen.add_argument("--out", type=Path, required=True, help="folder for <node_id>.key (created, mode 0600)")
+    keygen.add_argument("--url", default=None, help="how peers reach this node, e.g. http://192.0.2.10:9000")
+    keygen.add_argument("--tls", action="store_true", help="add the certificate fingerprint (runtime.tls = true)")
+    keygen.add_argument("--force", action="store_true", help="replace an existing key file")
+
+    roster = sub.add_parser("roster", help="the shared roster of a LAN deployment")
+    roster_sub = roster.add_subparsers(dest="roster_command", required=True)
+    check = roster_sub.add_parser("check", help="validate a roster and probe every host it lists")
+    check.add_argument("roster", type=Path)
+    check.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each host (default 3)")
+    check.add_argument("--no-probe", action="store_true", help="validate the file only")
 
     dash = sub.add_parser("dashboard", help="serve a live view of a run folder, running or finished")
     dash.add_argument("run", type=Path)
@@ -134,6 +149,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from p2pfl.runtime.config import PeerInfo, parse_peer
+    from p2pfl.runtime.roster import COORDINATOR, entry_toml
+    from p2pfl.runtime.tls import fingerprint
+    from p2pfl.wire import NodeKey
+
+    path = args.out / f"{args.node_id}.key"
+    if path.exists() and not args.force:
+        raise ConfigError("--out", f"{path} exists; a new key would orphan the roster's entry (pass --force to replace it)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    key = NodeKey.generate()
+    url = args.url or ("https" if args.tls else "http") + "://HOST:PORT"
+    if args.url is not None:
+        parse_peer({"url": url, "public_key": key.public_hex}, "--url")
+    key.save(path)
+    info = PeerInfo(url, key.public_hex, fingerprint(key, args.node_id) if args.tls else None)
+    print(f"# private key: {path} (mode 600; it never leaves this host)", file=sys.stderr)
+    if args.url is None:
+        print("# replace HOST:PORT with the address peers reach this host at", file=sys.stderr)
+    if args.node_id == COORDINATOR:
+        import tomli_w
+
+        print("[coordinator]\n" + tomli_w.dumps(info.to_dict()), end="")
+    else:
+        print(entry_toml(args.node_id, info), end="")
+    return 0
+
+
+def _roster_check(args: argparse.Namespace) -> int:
+    from p2pfl.runtime.roster import load_roster, probe_roster
+
+    roster = load_roster(args.roster)
+    extra = " and a coordinator" if roster.coordinator is not None else ""
+    print(f"{args.roster}: {len(roster.nodes)} nodes{extra}; ids, addresses and keys are valid and distinct")
+    if args.no_probe:
+        return 0
+    probes = probe_roster(roster, args.timeout)
+    width = max(len(p.id) for p in probes)
+    for p in probes:
+        state = "ok" if p.reachable else "UNREACHABLE"
+        print(f"  {p.id:<{width}}  {p.url:<32} {state:<11} {p.detail} ({p.seconds * 1000:.0f} ms)")
+    down = [p.id for p in probes if not p.reachable]
+    if down:
+        print(f"{len(down)} of {len(probes)} hosts unreachable: {', '.join(down)} "
+              "(not started yet, a firewall, or a wrong address)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from p2pfl.scenario.launcher import run_scenario
@@ -178,9 +242,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from p2pfl.scenario.launcher import write_lan_configs
 
         hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-        for path in write_lan_configs(args.scenario, hosts, args.out, args.coordinator):
+        paths = write_lan_configs(args.scenario, hosts, args.out, args.coordinator, args.overrides)
+        print(f"roster: {args.out / 'roster.toml'} (check it with: p2pfl roster check {args.out / 'roster.toml'})")
+        for path in paths:
             print(f"p2pfl {'coordinator' if path.stem == 'coordinator' else 'node'} {path}")
         return 0
+    if args.command == "keygen":
+        return _keygen(args)
+    if args.command == "roster":
+        return _roster_check(args)
     if args.command == "report":
         from p2pfl.report import make_report, report_held_out, report_poisoning
 

@@ -1,17 +1,23 @@
-"""A node's own config: who it is, where it listens, its key, and its peers.
+"""A node's own config (TOML): who it is, where it listens, its key, the scenario, and its peers.
 
-The launcher writes one per node (JSON) for local runs; for a LAN deployment a person
-writes one TOML per machine (see `nodes/example.toml`).
+Peers come from a roster file shared by every host (`roster = "roster.toml"`, see
+`p2pfl.runtime.roster` and `nodes/example.toml`), or inline as `[peers.<id>]` tables, as the
+launcher writes them for runs on one machine. Both name the node's key file, which must be
+readable by its owner only.
 """
 
 from __future__ import annotations
 
 import json
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import tomli_w
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -20,7 +26,8 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError
 
-NODE_FIELDS = {"id", "index", "host", "port", "key_file", "scenario", "out", "overrides", "peers", "coordinator"}
+NODE_FIELDS = {"id", "index", "host", "port", "key_file", "scenario", "out", "overrides", "peers", "coordinator", "roster"}
+COORDINATOR = "coordinator"  # the coordinator's id (p2pfl.runtime.strategy.COORDINATOR_ID)
 
 
 def node_ids(n: int) -> list[str]:
@@ -56,19 +63,21 @@ class NodeConfig:
     overrides: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "id": self.id, "index": self.index, "host": self.host, "port": self.port,
             "key_file": str(self.key_file), "scenario": str(self.scenario), "out": str(self.out),
             "overrides": list(self.overrides),
             "peers": {pid: p.to_dict() for pid, p in self.peers.items()},
-            "coordinator": None if self.coordinator is None else self.coordinator.to_dict(),
         }
+        if self.coordinator is not None:  # TOML has no null: absent means none
+            doc["coordinator"] = self.coordinator.to_dict()
+        return doc
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        path.write_text(tomli_w.dumps(self.to_dict()))
 
 
-def _peer(value: Any, where: str) -> PeerInfo:
+def parse_peer(value: Any, where: str) -> PeerInfo:
     if not isinstance(value, Mapping):
         raise ConfigError(where, "expected a table with `url` and `public_key`")
     for key in value:
@@ -77,6 +86,13 @@ def _peer(value: Any, where: str) -> PeerInfo:
     url, pub = value.get("url"), value.get("public_key")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{where}.url", f"expected an http(s) URL, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{where}.url", f"{url!r}: {exc}") from None
+    if not parts.hostname or any(c in parts.netloc for c in " <>") or port == 0:
+        raise ConfigError(f"{where}.url", f"expected http(s)://host:port with a real host, got {url!r}")
     if not isinstance(pub, str) or len(pub) != 64:
         raise ConfigError(f"{where}.public_key", "expected the peer's Ed25519 public key as 64 hex characters")
     try:
@@ -95,6 +111,9 @@ def _peer(value: Any, where: str) -> PeerInfo:
 
 
 def load_node_config(path: str | Path) -> NodeConfig:
+    """A node (or coordinator) config, validated: every problem is a ConfigError naming the field
+    or file. With a roster, the node's index, listening port (default: its roster URL's) and
+    peers come from it, and its key must be the one the roster lists."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("config", f"file not found: {path}")
@@ -104,30 +123,82 @@ def load_node_config(path: str | Path) -> NodeConfig:
         raise ConfigError("config", f"{path} cannot be parsed: {exc}") from exc
     for key in raw:
         if key not in NODE_FIELDS:
-            raise ConfigError(key, f"unknown field; allowed fields are {sorted(NODE_FIELDS)}")
-    for key in ("id", "index", "port", "key_file", "scenario", "peers"):
+            raise ConfigError(key, f"unknown field in {path}; allowed fields are {sorted(NODE_FIELDS)}")
+    with_roster = "roster" in raw
+    if with_roster and ("peers" in raw or "coordinator" in raw):
+        raise ConfigError("roster", f"{path} names a roster and lists peers too; keep one of them")
+    for key in ("id", "key_file", "scenario") + (() if with_roster else ("index", "port", "peers")):
         if key not in raw:
-            raise ConfigError(key, "missing")
+            raise ConfigError(key, f"missing in {path}" + ("" if with_roster or key != "peers" else
+                                                           " (or name a shared roster file: roster = \"roster.toml\")"))
     if not isinstance(raw["id"], str) or not raw["id"]:
         raise ConfigError("id", "expected a non-empty string")
     for key in ("index", "port"):
-        if not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] < 0:
+        if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] < 0):
             raise ConfigError(key, f"expected a non-negative integer, got {raw[key]!r}")
-    if not isinstance(raw["peers"], Mapping):
-        raise ConfigError("peers", "expected a table of peer id -> {url, public_key}")
     base = path.parent
 
     def resolve(p: str) -> Path:
         q = Path(p)
         return q if q.is_absolute() else (base / q)
 
-    peers = {pid: _peer(info, f"peers.{pid}") for pid, info in raw["peers"].items() if pid != raw["id"]}
-    coordinator = None if raw.get("coordinator") is None else _peer(raw["coordinator"], "coordinator")
+    key_file = resolve(raw["key_file"])
+    if with_roster:
+        check_key_file(key_file)
+        index, port, peers, coordinator = _from_roster(raw, resolve(raw["roster"]), key_file)
+    else:
+        if not isinstance(raw["peers"], Mapping):
+            raise ConfigError("peers", "expected a table of peer id -> {url, public_key}")
+        index, port = raw["index"], raw["port"]
+        peers = {pid: parse_peer(info, f"peers.{pid}") for pid, info in raw["peers"].items() if pid != raw["id"]}
+        coordinator = None if raw.get("coordinator") is None else parse_peer(raw["coordinator"], "coordinator")
+        check_key_file(key_file)
     overrides = raw.get("overrides", [])
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError("overrides", "expected a list of 'key.path=value' strings")
     return NodeConfig(
-        id=raw["id"], index=raw["index"], host=str(raw.get("host", "0.0.0.0")), port=raw["port"],
-        key_file=resolve(raw["key_file"]), scenario=resolve(raw["scenario"]), out=resolve(raw.get("out", "runs/node")),
+        id=raw["id"], index=index, host=str(raw.get("host", "0.0.0.0")), port=port,
+        key_file=key_file, scenario=resolve(raw["scenario"]), out=resolve(raw.get("out", "runs/node")),
         peers=peers, coordinator=coordinator, overrides=tuple(overrides),
     )
+
+
+def check_key_file(path: Path) -> None:
+    """A private key file exists and only its owner can read it (as ssh insists)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        raise ConfigError("key_file", f"{path} not found (make one with: p2pfl keygen <id> --out {path.parent})") from None
+    if mode & 0o077:
+        raise ConfigError("key_file", f"{path} can be read by others (mode {mode:o}); run: chmod 600 {path}")
+
+
+def _from_roster(raw: Mapping[str, Any], roster_path: Path, key_file: Path
+                 ) -> tuple[int, int, dict[str, PeerInfo], PeerInfo | None]:
+    """(index, port, peers, coordinator) of `raw["id"]` from the roster, after checking that
+    the key file holds the private half of the roster's public key for it."""
+    from p2pfl.runtime.roster import load_roster
+    from p2pfl.wire import NodeKey
+
+    roster = load_roster(roster_path)
+    node_id = raw["id"]
+    entry = roster.entry(node_id)
+    try:
+        public = NodeKey.load(key_file).public_hex
+    except ValueError as exc:
+        raise ConfigError("key_file", str(exc)) from None
+    if public != entry.public_key:
+        raise ConfigError("key_file", f"{key_file} holds the key of {public[:16]}..., but {roster_path} lists "
+                                      f"{entry.public_key[:16]}... for {node_id}: wrong key file, or a stale roster")
+    if node_id == COORDINATOR:
+        index, peers, coordinator = 0, dict(roster.nodes), None
+    else:
+        index, coordinator = roster.index(node_id), roster.coordinator
+        peers = {pid: info for pid, info in roster.nodes.items() if pid != node_id}
+    if "index" in raw and raw["index"] != index:
+        raise ConfigError("index", f"{raw['index']} disagrees with {roster_path}, where {node_id} is entry {index}; "
+                                   "drop `index` (the roster's order decides)")
+    port = raw.get("port", urlsplit(entry.url).port)
+    if port is None:
+        raise ConfigError("port", f"missing, and {node_id}'s roster URL {entry.url} names no port")
+    return index, port, peers, coordinator

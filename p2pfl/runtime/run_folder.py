@@ -2,7 +2,7 @@
 
     RUN/scenario.json               the resolved scenario every process reads
     RUN/keys/<id>.key               each node's signing key
-    RUN/nodes/<id>.json             each node's (and the coordinator's) config
+    RUN/nodes/<id>.toml             each node's (and the coordinator's) config
     RUN/nodes/<id>.result.json      what each node reports when it ends
     RUN/nodes/<id>.rounds.jsonl     each round's record as soon as the round ends
     RUN/checkpoints/<id>.p2pfl      signed checkpoints (--resume)
@@ -55,7 +55,7 @@ class RunFolder:
         return self.root / "keys" / f"{node_id}.key"
 
     def node_config(self, node_id: str) -> Path:
-        return self.root / "nodes" / f"{node_id}.json"
+        return self.root / "nodes" / f"{node_id}.toml"
 
     def node_result(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.result.json"

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from tqdm import tqdm
 
 from p2pfl.algorithms import strategy_class
@@ -25,6 +26,7 @@ from p2pfl.data import build_partition
 from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
+from p2pfl.runtime.roster import ROSTER_FILE, write_roster
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
@@ -32,7 +34,7 @@ from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
 from p2pfl.scenario.relevance import score_run
 from p2pfl.scenario.results import build_results, format_summary
-from p2pfl.scenario.schema import Scenario, load_scenario, read_raw, scenario_from_dict
+from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.wire import NodeKey
 
 
@@ -315,12 +317,15 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
 
 
 def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
-                      coordinator_address: str | None = None) -> list[Path]:
-    """Keys and one config per node for a LAN deployment; `addresses` are `host:port`, one per node.
+                      coordinator_address: str | None = None, overrides: Sequence[str] = ()) -> list[Path]:
+    """The single-admin shortcut for a LAN deployment: every key, the shared roster and one
+    config per node (and the coordinator), as the operator workflow would have them
+    (`p2pfl keygen` on each host, one roster, one config per host). `addresses` are
+    `host:port`, one per node; `overrides` (`--set`) go into every config.
 
-    Copy `out` to every machine (each needs only its own key) and start `p2pfl node out/<id>.json`.
+    Copy `out` to every machine (each needs only its own key) and start `p2pfl node out/<id>.toml`.
     """
-    scenario = scenario_from_dict(read_raw(scenario_path), source=str(scenario_path))
+    scenario = load_scenario(scenario_path, overrides)  # a bad --set fails here, not on every host
     if len(addresses) != scenario.nodes:
         raise ConfigError("--hosts", f"the scenario has {scenario.nodes} nodes but {len(addresses)} addresses were given")
     needs_coordinator = strategy_class(scenario.algorithm.name).needs_coordinator
@@ -331,25 +336,22 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
     if needs_coordinator:
         hostports[COORDINATOR_ID] = coordinator_address  # type: ignore[assignment]
     out.mkdir(parents=True, exist_ok=True)
-    infos = {}
+    infos: dict[str, PeerInfo] = {}
     for nid, address in hostports.items():
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError("--hosts", f"expected host:port, got {address!r}")
         key = NodeKey.generate()
         key.save(out / f"{nid}.key")
-        infos[nid] = (host, int(port), peer_info(scenario, nid, key, host, int(port)))
-    scenario_rel = Path(os.path.relpath(Path(scenario_path).resolve(), out.resolve()))
+        infos[nid] = peer_info(scenario, nid, key, host, int(port))
+    write_roster(out / ROSTER_FILE, {nid: infos[nid] for nid in ids}, infos.get(COORDINATOR_ID))
+    scenario_rel = os.path.relpath(Path(scenario_path).resolve(), out.resolve())
     paths = []
-    for index, nid in enumerate(list(hostports)):
-        host, port, _ = infos[nid]
-        peers = {p: infos[p][2] for p in ids if p != nid}
-        cfg = NodeConfig(
-            id=nid, index=index if nid != COORDINATOR_ID else 0, host="0.0.0.0", port=port,
-            key_file=Path(f"{nid}.key"), scenario=scenario_rel, out=Path("run"), peers=peers,
-            coordinator=infos[COORDINATOR_ID][2] if needs_coordinator and nid != COORDINATOR_ID else None,
-        )
-        path = out / f"{nid}.json"
-        cfg.save(path)
+    for nid in hostports:
+        path = out / f"{nid}.toml"
+        path.write_text(tomli_w.dumps({
+            "id": nid, "key_file": f"{nid}.key", "roster": ROSTER_FILE, "scenario": scenario_rel,
+            "out": "run", "host": "0.0.0.0", "overrides": list(overrides),
+        }))
         paths.append(path)
     return paths

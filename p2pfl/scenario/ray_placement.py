@@ -95,6 +95,7 @@ class NodeWorker:
             path = self.folder / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
+            path.chmod(0o600)  # keys among them: a node refuses a key file others can read
         folder = RunFolder(self.folder)
         folder.create()
         logs.configure(filename=folder.log(self.name))

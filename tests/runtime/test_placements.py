@@ -4,6 +4,7 @@ Nodes talk over the signed HTTP wire in all three; same scenario and seed, same 
 from __future__ import annotations
 
 import json
+import tomllib
 import os
 import signal
 import subprocess
@@ -111,7 +112,7 @@ def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path
     assert sorted(p.name for p in (out_r / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
     assert "p2pfl.node-0 INFO listening on" in (out_r / "logs" / "worker-0.log").read_text()
     assert all((out_r / "nodes" / f"node-{i}.result.json").is_file() for i in range(4))
-    urls = json.loads((out_r / "nodes" / "node-0.json").read_text())["peers"]["node-1"]["url"]
+    urls = tomllib.loads((out_r / "nodes" / "node-0.toml").read_text())["peers"]["node-1"]["url"]
     assert urls.startswith("http://") and not urls.startswith("http://0.0.0.0")
 
 
