@@ -1,0 +1,136 @@
+"""Hosts on one Linux machine: a network namespace per host, joined by a bridge, optionally
+with every link capped by a token-bucket filter (`tc qdisc ... tbf`).
+
+Each host has its own network stack and address, so a node in one reaches a node in another
+only over its link, as between machines on a LAN; a cap limits what each host sends and
+receives, which makes the link, not the CPU, the bottleneck. Used by the cross-host tests
+and by `benchmarks/links.py`. Needs root and iproute2 (`ip`, `tc`); `available()` says
+whether this machine has them.
+
+    with NetnsHosts(["node-0", "node-1"], rate_mbit=10) as bed:
+        bed.address("node-0")                          # "198.18.0.1"
+        bed.spawn("node-0", ["p2pfl", "node", "..."])  # runs inside node-0's namespace
+        bed.link_down("node-1")                        # its host drops off the network
+
+Addresses come from 198.18.0.0/15, the range set aside for network benchmarks (RFC 2544),
+so they cannot clash with a real LAN. Everything the testbed makes is removed on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+SUBNET = "198.18.{block}.{host}"  # /24 per testbed: up to 253 hosts
+_created_blocks = 0
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") if namespaces can be made here, else (False, why not)."""
+    if os.geteuid() != 0:
+        return False, "needs root (network namespaces)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"needs `{tool}` (iproute2)"
+    probe = f"p2pfl-probe-{uuid.uuid4().hex[:8]}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return False, f"cannot create a network namespace: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return True, ""
+
+
+def tbf_args(rate_mbit: float) -> list[str]:
+    """A token bucket of `rate_mbit`: a burst of 10 ms at that rate (at least 32 KiB, so that
+    one full-size frame always fits) and a queue of at most 100 ms."""
+    burst = max(32 * 1024, int(rate_mbit * 1e6 / 8 / 100))
+    return ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(burst), "latency", "100ms"]
+
+
+class NetnsHosts:
+    """Namespaces `<tag>-<i>`, one per host, each with `eth0` cabled to a bridge in `<tag>-sw`."""
+
+    def __init__(self, hosts: Sequence[str], rate_mbit: float | None = None) -> None:
+        global _created_blocks
+        if len(set(hosts)) != len(hosts) or not 0 < len(hosts) <= 253:
+            raise ValueError(f"expected 1..253 distinct host names, got {list(hosts)}")
+        self.hosts = list(hosts)
+        self.rate_mbit = rate_mbit
+        self.tag = f"p2pfl-{uuid.uuid4().hex[:6]}"
+        self.block = (os.getpid() + _created_blocks) % 256  # distinct subnets for testbeds alive at once
+        _created_blocks += 1
+        self.switch = f"{self.tag}-sw"
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._made: list[str] = []
+
+    def namespace(self, host: str) -> str:
+        return f"{self.tag}-{self.hosts.index(host)}"
+
+    def address(self, host: str) -> str:
+        return SUBNET.format(block=self.block, host=self.hosts.index(host) + 1)
+
+    def __enter__(self) -> NetnsHosts:
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        _ip("netns", "add", self.switch)
+        self._made.append(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, host in enumerate(self.hosts):
+            ns = self.namespace(host)
+            _ip("netns", "add", ns)
+            self._made.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            # Both ends made directly in their namespaces: no name ever appears in this one.
+            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0")
+            _ip("-n", self.switch, "link", "set", f"p{i}", "up")
+            _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            if self.rate_mbit is not None:
+                # A qdisc shapes what leaves an interface: eth0 caps the host's upload, the
+                # bridge port its download.
+                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root",
+                                *tbf_args(self.rate_mbit)], check=True, capture_output=True)
+                subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", f"p{i}", "root",
+                                *tbf_args(self.rate_mbit)], check=True, capture_output=True)
+
+    def spawn(self, host: str, argv: Sequence[str], *, log: Path | None = None,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start `argv` inside `host`'s namespace; its output goes to `log` (else discarded)."""
+        sink: IO[bytes] | int = open(log, "ab") if log is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(["ip", "netns", "exec", self.namespace(host), *argv], stdout=sink,
+                                stderr=subprocess.STDOUT, env=env)
+        self.processes.append(proc)
+        return proc
+
+    def link_down(self, host: str) -> None:
+        """Unplug `host`'s cable at the switch: its packets go nowhere, nothing is refused."""
+        _ip("-n", self.switch, "link", "set", f"p{self.hosts.index(host)}", "down")
+
+    def close(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        for ns in reversed(self._made):  # deleting a namespace deletes its interfaces and qdiscs
+            _ip("netns", "del", ns, check=False)
+        self._made.clear()
