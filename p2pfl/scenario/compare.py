@@ -150,21 +150,27 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
+    """The raw scenario of one row: the base with the row's algorithm, parameters and overrides
+    (the base's algorithm parameters carry over only to a row of the same algorithm)."""
+    raw = json.loads(json.dumps(base))
+    base_algorithm = base.get("algorithm", {}).get("name", "fedavg")
+    params = dict(raw.get("algorithm", {}).get("params", {})) if row.algorithm == base_algorithm else {}
+    raw["algorithm"] = {"name": row.algorithm, "params": params}
+    return apply_overrides(raw, [f"algorithm.params.{k}={json.dumps(v)}" for k, v in row.params.items()]
+                           + [f"{k}={json.dumps(v)}" for k, v in row.overrides.items()])
+
+
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
                 *, reuse: bool = False, progress: bool = True) -> int:
     from p2pfl.scenario.launcher import run_loaded
 
     base = apply_overrides(read_raw(scenario_path), overrides)
-    base_algorithm = base.get("algorithm", {}).get("name", "fedavg")
     # Validate every row before the first run starts.
     plans = []
     for row in rows:
         for seed in seeds:
-            raw = json.loads(json.dumps(base))
-            params = dict(raw.get("algorithm", {}).get("params", {})) if row.algorithm == base_algorithm else {}
-            raw["algorithm"] = {"name": row.algorithm, "params": params}
-            raw = apply_overrides(raw, [f"algorithm.params.{k}={json.dumps(v)}" for k, v in row.params.items()]
-                                  + [f"{k}={json.dumps(v)}" for k, v in row.overrides.items()])
+            raw = row_raw(base, row)
             raw["seed"] = seed
             plans.append((row, seed, scenario_from_dict(raw, source=str(scenario_path))))
     out.mkdir(parents=True, exist_ok=True)
