@@ -88,8 +88,14 @@ def _cell(values: Sequence[float], scale: float = 100.0) -> str:
     return "-" if m != m else f"{m * scale:.1f} ({s * scale:.1f})"
 
 
+def _signed_cell(values: Sequence[float]) -> str:
+    m, s = _mean_std(values)
+    return "-" if m != m else f"{m * 100:+.1f} ({s * 100:.1f})"
+
+
 def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     nodes = results["nodes"]
+    seed = results.get("scenario", {}).get("seed")
     per_round: dict[int, list[float]] = {}
     per_round_agg: dict[int, list[float]] = {}
     for n in nodes:
@@ -102,6 +108,7 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     if len(set(labels)) != len(labels):
         labels = [n["id"] for n in nodes]
     return {
+        "seed": seed,
         "node_labels": labels,
         "node_acc": [n.get("final_test_acc") for n in nodes],
         "final": results["summary"]["mean_acc"],
@@ -116,7 +123,23 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def format_table(rows: Mapping[str, list[dict[str, Any]]]) -> str:
+def worst_vs_baseline(runs: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Per seed, the minimum over nodes of (node accuracy - the same node's accuracy in the
+    baseline run of the same seed): how much the worst-off node lost by joining. Seeds without
+    a baseline run are left out."""
+    by_seed = {b.get("seed"): b for b in baseline}
+    worst = []
+    for run in runs:
+        base = by_seed.get(run.get("seed"))
+        if base is None or run.get("seed") is None:
+            continue
+        diffs = [a - b for a, b in zip(run["node_acc"], base["node_acc"], strict=False) if a is not None and b is not None]
+        if diffs:
+            worst.append(min(diffs))
+    return worst
+
+
+def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "local") -> str:
     first = next(iter(rows.values()))[0]
     node_labels = first["node_labels"]
     show_held = any(s.get("held_out_acc") is not None for runs in rows.values() for s in runs)
@@ -128,6 +151,9 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]]) -> str:
         head.append("held-out")
     if show_eps:
         head.append("epsilon")
+    show_worst = baseline in rows and len(rows) > 1
+    if show_worst:
+        head.append(f"worst vs {baseline}")
     head += ["MiB sent", "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, runs in rows.items():
@@ -140,13 +166,17 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]]) -> str:
             cells.append(_cell([r["held_out_acc"] for r in runs]))
         if show_eps:
             cells.append(_cell([r["epsilon"] for r in runs], scale=1.0))
+        if show_worst:
+            cells.append("-" if label == baseline else _signed_cell(worst_vs_baseline(runs, rows[baseline])))
         cells.append(f"{statistics.fmean(r['total_bytes'] for r in runs) / 2**20:.1f}")
         cells.append(str(len(runs)))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round; "
                  "*best round*: the round with the highest mean, picked on the test split (optimistic); "
-                 "*aggregated*: the model right after aggregation.")
+                 "*aggregated*: the model right after aggregation."
+                 + (f" *worst vs {baseline}*: per seed, the minimum over nodes of the node's accuracy minus the same "
+                    f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds." if show_worst else ""))
     return "\n".join(lines)
 
 

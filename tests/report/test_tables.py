@@ -98,3 +98,24 @@ def test_report_merges_a_lan_runs_per_node_results(tmp_path: Path) -> None:
     assert [n["final_test_acc"] for n in merged["nodes"]] == [n["final_test_acc"] for n in launched["nodes"]]
     assert merged["summary"]["mean_acc"] == launched["summary"]["mean_acc"]
     assert any(p.name == "accuracy.png" for p in paths)
+
+
+def _summary(seed: int, accs: list[float]) -> dict:
+    return {"seed": seed, "node_labels": [f"node-{i}" for i in range(len(accs))], "node_acc": accs,
+            "final": sum(accs) / len(accs), "best": None, "final_aggregated": None, "best_aggregated": None,
+            "total_bytes": 0, "held_out_acc": None, "epsilon": None, "wall_s": 1.0}
+
+
+def test_worst_vs_local_is_the_per_seed_minimum_of_node_gaps_against_the_same_seeds_local_run() -> None:
+    from p2pfl.scenario.compare import format_table, worst_vs_baseline
+
+    local = [_summary(0, [0.8, 0.6]), _summary(1, [0.7, 0.7])]
+    fedavg = [_summary(1, [0.75, 0.72]), _summary(0, [0.9, 0.5]), _summary(2, [0.0, 0.0])]  # seed 2: no local run
+    gaps = worst_vs_baseline(fedavg, local)
+    assert gaps == pytest.approx([0.02, -0.1])
+    table = format_table({"local": local, "fedavg": fedavg})
+    header, _, local_row, fedavg_row = table.splitlines()[:4]
+    column = header.split(" | ").index("worst vs local")
+    assert local_row.split(" | ")[column] == "-"
+    assert fedavg_row.split(" | ")[column] == "-4.0 (6.0)"
+    assert "worst vs local" not in format_table({"fedavg": fedavg})
