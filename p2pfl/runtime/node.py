@@ -13,7 +13,7 @@ import logging
 import math
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,8 @@ from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
+from p2pfl.runtime.safeguard import SafeguardChoice, mix
+from p2pfl.runtime.safeguard import choose as choose_mix
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy
 from p2pfl.runtime.timing import PhaseClock
@@ -251,6 +253,9 @@ class Node:
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
         refused = self._refuse_non_finite(before)
+        safeguard = None
+        if self.scenario.algorithm.safeguard and refused is None:
+            safeguard = await asyncio.to_thread(self._safeguard, before)
         clock.switch("evaluate")
         acc_agg, _ = self.trainer.evaluate(self.model, self.data.test)
         time_record = clock.stop()
@@ -274,10 +279,26 @@ class Node:
         }
         if refused is not None:
             record["aggregate_refused"] = refused
+        if safeguard is not None:
+            record["safeguard_kept_own"] = safeguard.kept_own
+            record["safeguard_weight"] = safeguard.weight
         self.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                       r, self.scenario.rounds, test_acc, acc_agg, len(record["arrived"]), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
         return record
+
+    def _safeguard(self, own: dict[str, torch.Tensor]) -> SafeguardChoice:
+        """Keep the mix of the own trained model and the aggregate that scores best on the
+        validation split (see `p2pfl.runtime.safeguard`)."""
+        aggregate = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+        def score(state: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+            self.model.load_state_dict(state)
+            return self.trainer.evaluate(self.model, self.data.val)
+
+        choice = choose_mix(own, aggregate, score)
+        self.model.load_state_dict(mix(own, aggregate, choice.weight))
+        return choice
 
     def _warn_silent(self, r: int, silent: set[str]) -> None:
         """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY rounds."""

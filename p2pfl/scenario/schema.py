@@ -70,6 +70,7 @@ class ModelSpec:
 class AlgorithmSpec:
     name: str = "fedavg"
     params: Mapping[str, Any] = field(default_factory=dict)
+    safeguard: bool = False  # keep the best mix of own and aggregate on the validation split (runtime.safeguard)
 
 
 PLACEMENTS = ("process", "shared", "ray")
@@ -139,6 +140,8 @@ class Scenario:
         for key in ("data", "model", "train", "runtime", "privacy"):
             out[key] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(getattr(self, key)).items()}
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
+        if self.algorithm.safeguard:  # absent when off: old run folders still match
+            out["algorithm"]["safeguard"] = True
         if self.attack is not None and self.attack.kind != "none":  # absent when off: old run folders still match
             out["attack"] = {**dataclasses.asdict(self.attack), "nodes": list(self.attack.nodes)}
         return out
@@ -174,19 +177,26 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     algo_table = raw.get("algorithm", {})
     if not isinstance(algo_table, Mapping):
         raise ConfigError("algorithm", "expected a table with `name` and optional `params`")
-    check_table(algo_table, ["name", "params"], "algorithm")
+    check_table(algo_table, ["name", "params", "safeguard"], "algorithm")
     algo_name = _typed(algo_table.get("name", "fedavg"), str, "algorithm.name")
     params = algo_table.get("params", {})
     if not isinstance(params, Mapping):
         raise ConfigError("algorithm.params", "expected a table")
     strategy_class(algo_name)
     build_strategy(algo_name, params)  # validates the parameters now, before any process starts
-    algorithm = AlgorithmSpec(algo_name, dict(params))
+    safeguard = _typed(algo_table.get("safeguard", False), bool, "algorithm.safeguard")
+    algorithm = AlgorithmSpec(algo_name, dict(params), safeguard)
     train = _dataclass_from_table(TrainConfig, raw.get("train", {}), "train")
     runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
     Topology.parse(runtime.topology).check(nodes)
+    if safeguard and strategy_class(algo_name).needs_coordinator:
+        raise ConfigError("algorithm.safeguard", f"{algo_name} trains one global model with its coordinator; the "
+                                                 "safeguard is for personalized (serverless) algorithms")
+    if safeguard and data.val_fraction <= 0:
+        raise ConfigError("algorithm.safeguard", "scores the models on each node's validation split: "
+                                                 "set data.val_fraction > 0")
     if runtime.participation < 1 and strategy_class(algo_name).needs_coordinator:
         raise ConfigError("runtime.participation", f"{algo_name} has a coordinator, which waits for every node; "
                                                    "partial participation needs a serverless algorithm")
