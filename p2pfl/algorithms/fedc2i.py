@@ -11,7 +11,12 @@ r here, on the peers' round-r models; the next fit starts from the aggregate.
 
 Choices this file makes (scenario parameters where they matter):
 
-* `gamma` = 5, the paper's best on its data; γ = 0 is uniform averaging.
+* `gamma` = 5, the paper's best on its data; γ = 0 is uniform averaging. `gamma = "auto"`
+  lets each node choose γ every round from `gamma_grid` (default {0.5, 1, 2, 5, 10}, the
+  paper's grid), as the paper does on validation data: the leave-one-out losses do not depend
+  on γ, so they are computed once; each γ's aggregate is built from them and scored on the
+  node's validation split (accuracy, then loss; on a tie the earlier γ of the grid), and the
+  best is kept. Recorded per round as `gamma`. A node without validation data uses 5.
 * `influence_batch` = 64 samples drawn without replacement from the node's training split
   with the node's RNG, once per round and shared by λ and Λ (Algorithm 1 samples one batch).
   The paper does not give its size; a node with fewer samples uses all of them.
@@ -48,11 +53,15 @@ from p2pfl.algorithms import register
 from p2pfl.algorithms.common import average_part_by_count, latest_parts
 from p2pfl.core.influence import (
     LeaveOneOutInfluence, InfluenceError, class_influence, client_influence, combine_heads, combine_states, eval_features,
+    State, influence_weights,
 )
 from p2pfl.models import load_part, part_state
+
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
 
 VARIANTS = ("full", "-lambda", "Lambda/l", "Lambda/g")
+GAMMA_GRID = (0.5, 1.0, 2.0, 5.0, 10.0)  # the paper's validation grid
+DEFAULT_GAMMA = 5.0
 
 
 @register
@@ -61,10 +70,18 @@ class FedC2I(Strategy):
     shared_parts = ("body", "head")
 
     def __init__(
-        self, gamma: float = 5.0, influence_batch: int = 64, variant: str = "full", influence_chunk: int | None = None,
+        self, gamma: float | str = DEFAULT_GAMMA, influence_batch: int = 64, variant: str = "full",
+        influence_chunk: int | None = None, gamma_grid: list[float] | None = None,
     ) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma < float("inf"):
-            raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
+        if gamma != "auto" and (isinstance(gamma, bool) or not isinstance(gamma, (int, float))
+                                or not 0 <= gamma < float("inf")):
+            raise ValueError(f"gamma must be a finite number >= 0 or \"auto\", got {gamma!r}")
+        grid = GAMMA_GRID if gamma_grid is None else gamma_grid
+        if (not isinstance(grid, (list, tuple)) or not grid
+                or not all(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g < float("inf") for g in grid)):
+            raise ValueError(f"gamma_grid must be a non-empty list of finite numbers >= 0, got {gamma_grid!r}")
+        if gamma_grid is not None and gamma != "auto":
+            raise ValueError("gamma_grid is only used with gamma = \"auto\"")
         if isinstance(influence_batch, bool) or not isinstance(influence_batch, int) or influence_batch < 1:
             raise ValueError(f"influence_batch must be an integer >= 1, got {influence_batch!r}")
         if variant not in VARIANTS:
@@ -73,7 +90,9 @@ class FedC2I(Strategy):
             isinstance(influence_chunk, bool) or not isinstance(influence_chunk, int) or influence_chunk < 1
         ):
             raise ValueError(f"influence_chunk must be an integer >= 1 or unset, got {influence_chunk!r}")
-        self.gamma = float(gamma)
+        self.auto_gamma = gamma == "auto"
+        self.gamma = DEFAULT_GAMMA if self.auto_gamma else float(gamma)
+        self.gamma_grid = tuple(float(g) for g in grid)
         self.influence_batch = influence_batch
         self.variant = variant
         self.influence_chunk = influence_chunk
@@ -133,6 +152,18 @@ class FedC2I(Strategy):
             ctx.artefacts.record("influence_error", str(exc))
             return
 
+        if self.auto_gamma and len(ctx.data.val.y):
+            gamma = self._choose_gamma(ctx, members, bodies, heads, lam, class_lam)
+            lam, class_lam = (None if w is None else LeaveOneOutInfluence(influence_weights(w.losses, gamma), w.losses)
+                              for w in (lam, class_lam))
+            ctx.artefacts.record("gamma", gamma)
+        elif self.auto_gamma:
+            ctx.artefacts.record("gamma", self.gamma)  # no validation data to choose with
+        self._apply(ctx, members, bodies, heads, lam, class_lam)
+        self._record(ctx, peers, lam, class_lam)
+
+    def _apply(self, ctx: RoundContext, members: list[tuple[str, dict[str, PeerModel]]], bodies: list[State],
+               heads: list[State], lam: LeaveOneOutInfluence | None, class_lam: LeaveOneOutInfluence | None) -> None:
         new: dict[str, torch.Tensor] = {}
         if lam is not None:  # "full" and "-lambda": body by λ
             new.update(combine_states(bodies, lam.weights))
@@ -140,10 +171,28 @@ class FedC2I(Strategy):
             new.update(combine_heads(heads, class_lam.weights))
         elif lam is not None:  # "-lambda": λ for the head too
             new.update(combine_states(heads, lam.weights))
-        load_part(model, new)
+        load_part(ctx.model, new)
         if self.variant == "Lambda/g":
             average_part_by_count(ctx, "body", [parts["body"] for _, parts in members])
-        self._record(ctx, peers, lam, class_lam)
+
+    def _choose_gamma(self, ctx: RoundContext, members: list[tuple[str, dict[str, PeerModel]]], bodies: list[State],
+                      heads: list[State], lam: LeaveOneOutInfluence | None,
+                      class_lam: LeaveOneOutInfluence | None) -> float:
+        """The γ of the grid whose aggregate scores best on the validation split; the model is
+        left as it was."""
+        start = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+        scores = {}
+        try:
+            for gamma in self.gamma_grid:
+                trial = [None if w is None else LeaveOneOutInfluence(influence_weights(w.losses, gamma), w.losses)
+                         for w in (lam, class_lam)]
+                self._apply(ctx, members, bodies, heads, *trial)
+                acc, loss = ctx.trainer.evaluate(ctx.model, ctx.data.val)
+                scores[gamma] = (acc, -loss)
+                ctx.model.load_state_dict(start)  # own parts in `bodies`/`heads` are views of these tensors
+        finally:
+            ctx.model.load_state_dict(start)
+        return max(scores, key=lambda g: scores[g])  # the first of the grid among equals
 
     def _alone(self, ctx: RoundContext) -> tuple[LeaveOneOutInfluence | None, LeaveOneOutInfluence | None]:
         lam = LeaveOneOutInfluence(torch.ones(1, dtype=torch.float64), None) if self.uses_lambda else None

@@ -262,3 +262,33 @@ def test_registered_with_its_parameters():
     assert (strategy.gamma, strategy.variant, strategy.influence_batch) == (2.0, "Lambda/g", 32)
     with pytest.raises(ConfigError, match="algorithm.params.beta"):
         build_strategy("fedc2i", {"beta": 1})
+
+
+@pytest.mark.parametrize("variant", ["full", "-lambda", "Lambda/g"])
+def test_auto_gamma_keeps_the_grid_gamma_whose_aggregate_scores_best_on_validation(world, variant):
+    """Brute force: aggregate with each γ of the grid separately, score each on the validation
+    split; "auto" must end with the best one's model and record its γ."""
+    grid = [0.5, 2.0, 10.0]
+    scores, models = {}, {}
+    for gamma in grid:
+        ctx = context(world)
+        FedC2I(gamma=gamma, influence_batch=ALL, variant=variant).aggregate(ctx, arrivals(world))
+        acc, loss = ctx.trainer.evaluate(ctx.model, ctx.data.val)
+        scores[gamma], models[gamma] = (acc, -loss), ctx.model
+    best = max(grid, key=lambda g: scores[g])
+    ctx = context(world)
+    FedC2I(gamma="auto", gamma_grid=grid, influence_batch=ALL, variant=variant).aggregate(ctx, arrivals(world))
+    assert ctx.artefacts.records["gamma"] == best
+    for k, v in models[best].state_dict().items():
+        assert torch.allclose(ctx.model.state_dict()[k], v, atol=1e-6), k
+    assert len({scores[g] for g in grid}) > 1  # the grid really offers different aggregates
+
+
+def test_auto_gamma_is_validated_and_the_grid_needs_it():
+    assert build_strategy("fedc2i", {"gamma": "auto"}).gamma_grid == (0.5, 1.0, 2.0, 5.0, 10.0)
+    with pytest.raises(ConfigError, match="gamma_grid"):
+        build_strategy("fedc2i", {"gamma": 2, "gamma_grid": [1, 2]})
+    with pytest.raises(ConfigError, match="gamma_grid"):
+        build_strategy("fedc2i", {"gamma": "auto", "gamma_grid": []})
+    with pytest.raises(ConfigError, match="'often'"):
+        build_strategy("fedc2i", {"gamma": "often"})
