@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import time
@@ -92,6 +93,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     args = parser.parse_args()
+    # A kill must still remove the namespaces: SystemExit unwinds the `with` that made them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ok, why = available()
     if not ok:
         print(f"links.py {why}", file=sys.stderr)
