@@ -160,7 +160,7 @@ def test_a_worker_that_dies_fails_its_nodes_and_the_others_finish(tmp_path: Path
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (out / "checkpoints" / "node-1.p2pfl").exists():
             time.sleep(0.05)
-        for pid in _worker_pids(out, "node-1.json"):  # worker-1 hosts node-1 and node-3
+        for pid in _worker_pids(out, "node-1.toml"):  # worker-1 hosts node-1 and node-3
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
