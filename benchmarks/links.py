@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.report import merge_node_results
+from p2pfl.runtime.config import node_ids
 from p2pfl.scenario.compare import parse_algorithms, row_raw, row_slug
 from p2pfl.scenario.launcher import write_lan_configs
 from p2pfl.scenario.schema import apply_overrides, read_raw, scenario_from_dict
@@ -45,8 +46,7 @@ def run_on_links(raw: dict[str, Any], rate_mbit: float, out: Path, timeout_s: fl
     scenario_path = out / "scenario.json"
     scenario_path.write_text(json.dumps(raw, indent=1))
     scenario = scenario_from_dict(raw, source=str(scenario_path))
-    node_count = scenario.nodes
-    ids = [f"node-{i:0{len(str(node_count - 1))}d}" for i in range(node_count)]
+    ids = node_ids(scenario.nodes)
     with NetnsHosts(ids + ["coordinator"], rate_mbit=rate_mbit) as bed:
         coordinator = f"{bed.address('coordinator')}:{PORT}"
         configs = write_lan_configs(scenario_path, [f"{bed.address(i)}:{PORT}" for i in ids], out / "lan", coordinator

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.config import PeerInfo, parse_peer
+from p2pfl.runtime.config import COORDINATOR, PeerInfo, parse_peer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,7 +37,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROSTER_FILE = "roster.toml"  # the name `p2pfl lan` gives it
-COORDINATOR = "coordinator"  # the coordinator's id on the wire (p2pfl.runtime.strategy.COORDINATOR_ID)
 _ENTRY_FIELDS = ("id", "url", "public_key", "tls_fingerprint")
 
 
