@@ -250,13 +250,20 @@ def partition_pathological(
 
 
 def partition_domain(
-    ids: np.ndarray, dom: np.ndarray, domain_order: list[int], per_domain: int, rng: np.random.Generator
+    ids: np.ndarray, dom: np.ndarray, domain_order: list[int], per_domain: int, rng: np.random.Generator,
+    *, y: np.ndarray | None = None, alpha: float | None = None, min_size: int = 0,
 ) -> list[np.ndarray]:
-    """Node ``i*per_domain + j`` gets the j-th iid share of domain ``domain_order[i]``."""
+    """Node ``i*per_domain + j`` gets the j-th share of domain ``domain_order[i]``: iid shares, or
+    with ``alpha`` (and labels ``y``) per-class Dirichlet(alpha) shares inside the domain, so
+    nodes differ in features across domains and in labels within one."""
     parts = []
     for di in domain_order:
         sel = ids[dom[ids] == di]
-        parts.extend(np.sort(p) for p in np.array_split(rng.permutation(sel), per_domain))
+        if alpha is None or per_domain == 1:
+            parts.extend(np.sort(p) for p in np.array_split(rng.permutation(sel), per_domain))
+        else:
+            assert y is not None
+            parts.extend(partition_dirichlet(sel, y, per_domain, alpha, min_size, rng))
     return parts
 
 
@@ -338,7 +345,9 @@ def assign(spec: DataSpec, pool: Pool, num_nodes: int, seed: int) -> dict:
         raw, assigned = partition_pathological(all_ids, pool.y, num_nodes, spec.classes_per_node, r_assign)
     else:
         order = [pool.domains.index(d) for d in spec.node_domains()]
-        raw = partition_domain(all_ids, pool.d, order, spec.nodes_per_domain, r_assign)
+        skew = spec.alpha if spec.domain_split == "dirichlet" else None
+        raw = partition_domain(all_ids, pool.d, order, spec.nodes_per_domain, r_assign,
+                               y=pool.y, alpha=skew, min_size=spec.min_size)
     capped = [cap(ids, pool.y, spec.samples_per_node, r_cap) for ids in raw]
     splits = [split_node(ids, pool.y, spec.val_fraction, spec.test_fraction, r_split) for ids in capped]
     return {"nodes": splits, "raw": raw, "held_out": held, "assigned": assigned}

@@ -46,6 +46,8 @@ def _table(spec: DataSpec, gt: dict) -> str:
         title += f" classes_per_node={spec.classes_per_node}"
     elif spec.partition == "domain":
         title += f" nodes_per_domain={spec.nodes_per_domain}"
+        if spec.domain_split == "dirichlet":
+            title += f" domain_split=dirichlet alpha={spec.alpha:g}"
     if spec.samples_per_node is not None:
         title += f" samples_per_node={spec.samples_per_node}"
     title += f" nodes={len(gt['nodes'])} seed={gt['seed']} classes={k}"

@@ -12,6 +12,7 @@ from p2pfl.plugins import is_reference
 
 DATASETS = ("mnist", "digits", "idx", "cifar10", "cifar100")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_per_node", "pathological", "domain")
+DOMAIN_SPLITS = ("iid", "dirichlet")
 DIGIT_DOMAINS = ("mnist", "uci", "synth", "mnistm", "usps")
 LOCAL_DATASETS = ("idx", "cifar10", "cifar100")
 
@@ -43,6 +44,7 @@ class DataSpec:
     min_size: int = 10
     classes_per_node: int = 2
     nodes_per_domain: int = 1
+    domain_split: str = "iid"  # how a domain is shared by its nodes: "iid" | "dirichlet" (alpha, min_size)
     held_out_domain: str | None = None
     val_fraction: float = 0.15
     test_fraction: float = 0.2
@@ -62,7 +64,7 @@ class DataSpec:
         kw: dict[str, Any] = {}
         for key, value in d.items():
             f = f"{prefix}.{key}"
-            if key in ("dataset", "partition"):
+            if key in ("dataset", "partition", "domain_split"):
                 if not isinstance(value, str):
                     raise ConfigError(f, f"must be a string, got {type(value).__name__}")
             elif key in ("path", "held_out_domain"):
@@ -135,6 +137,8 @@ class DataSpec:
             if len(self.resolved_domains()) < 2:
                 raise err("held_out_domain", "holding out the only domain leaves no data for the nodes")
 
+        if self.domain_split not in DOMAIN_SPLITS:
+            raise err("domain_split", f"must be one of {', '.join(DOMAIN_SPLITS)}, got {self.domain_split!r}")
         if self.partition == "domain" and self.dataset != "digits":
             raise err("partition", f"'domain' needs the multi-domain dataset 'digits', not {self.dataset!r}")
 

@@ -61,6 +61,25 @@ def test_domain_partition_gives_each_node_one_domain_and_covers_it():
                                               + gt["nodes"][2]["n_test"], "usps": 0}
 
 
+def test_dirichlet_domain_split_skews_labels_inside_each_domain_and_covers_it():
+    spec = DataSpec(dataset="digits", domains=("mnist", "uci"), partition="domain", nodes_per_domain=3,
+                    domain_split="dirichlet", alpha=0.3, min_size=20)
+    pool = load_pool(spec)
+    a = assign(spec, pool, 6, seed=2)
+    assert_disjoint_cover(a["raw"], np.arange(len(pool.y)))
+    iid = assign(DataSpec(**{**spec.__dict__, "domain_split": "iid"}), pool, 6, seed=2)
+    for di, name in enumerate(spec.node_domains()):
+        shares = a["raw"][3 * di: 3 * di + 3]
+        members = np.nonzero(pool.d == pool.domains.index(name))[0]
+        assert_disjoint_cover(shares, members)
+        assert min(len(s) for s in shares) >= 20
+        skew = max(label_tv(pool.y[s], pool.y[members], 10) for s in shares)
+        flat = max(label_tv(pool.y[s], pool.y[members], 10) for s in iid["raw"][3 * di: 3 * di + 3])
+        assert skew > 0.2 > flat, (name, skew, flat)
+    with pytest.raises(ValueError, match="data.domain_split"):
+        DataSpec.from_dict({"dataset": "digits", "partition": "domain", "domain_split": "pathological"})
+
+
 def test_partition_tensors_are_the_assigned_samples(mnist_pool):
     spec = DataSpec(dataset="mnist", partition="dirichlet", alpha=0.5, samples_per_node=120)
     a = assign(spec, mnist_pool, 4, seed=5)
