@@ -3,7 +3,7 @@
 Setup: the five digits domains x 4 nodes, Dirichlet(0.5) label skew inside each domain,
 `samples_per_node` 400; default encoders (`random_cnn` images, `orthonormal` labels, 512-d).
 The GLOBAL strategy in one process: every node gives one batch of 128 (D, L) pairs, DSA-IGN
-is trained on their union (Adam 1e-3, batch 128), every node computes beta from all its
+is trained on their union (Adam 1e-3, batch 128, 60 epochs), every node computes beta from all its
 training samples. Printed per seed:
 
 * the mean same-domain cosine of beta^f minus the mean cross-domain cosine (the "gap"),
@@ -15,7 +15,11 @@ training samples. Printed per seed:
   all on one thread in this process; the ratio index / round is the cost the paper's Table 3
   calls negligible.
 
-    python benchmarks/client2vec_index.py [--seeds 0,1,2] [--epochs 30] [--ff-dim 256]
+The FEDERATED strategy (`--strategy federated`) trains DSA-IGN by FedAvg instead: 100
+rounds, 10 % of the nodes each round, 10 local epochs on all their samples
+(`p2pfl.core.client2vec.federated_dsa_ign`).
+
+    python benchmarks/client2vec_index.py [--strategy global|federated] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from p2pfl.core.client2vec import (
     DSAIGNConfig,
     IndexTraining,
     client_index,
+    federated_dsa_ign,
     mean_embedding_index,
     similarity_matrix,
     train_dsa_ign,
@@ -55,7 +60,7 @@ def domain_gap(vectors: list[torch.Tensor], domains: list[str]) -> tuple[float, 
     return float(np.mean(same) - np.mean(cross)), float(np.mean(same)), float(np.mean(cross)), hits
 
 
-def run(seed: int, epochs: int, ff_dim: int, samples: int) -> dict[str, float]:
+def run(seed: int, strategy: str, epochs: int, rounds: int, ff_dim: int, samples: int) -> dict[str, float]:
     spec = DataSpec(dataset="digits", partition="domain", domains=DOMAINS, nodes_per_domain=4,
                     domain_split="dirichlet", alpha=0.5, samples_per_node=samples)
     part = build_partition(spec, len(DOMAINS) * 4, seed)
@@ -70,8 +75,12 @@ def run(seed: int, epochs: int, ff_dim: int, samples: int) -> dict[str, float]:
     batches = [torch.randperm(len(x), generator=g)[:128] for x in d]
     torch.manual_seed(seed)
     model = DSAIGN(DSAIGNConfig(ff_dim=ff_dim))
-    train_dsa_ign(model, torch.cat([x[b] for x, b in zip(d, batches)]), torch.cat([y[b] for y, b in zip(lab, batches)]),
-                  IndexTraining(epochs=epochs), generator=g)
+    if strategy == "global":
+        train_dsa_ign(model, torch.cat([x[b] for x, b in zip(d, batches)]),
+                      torch.cat([y[b] for y, b in zip(lab, batches)]), IndexTraining(epochs=epochs), generator=g)
+    else:
+        federated_dsa_ign(model, list(zip(d, lab)), rounds=rounds, fraction=0.1, training=IndexTraining(epochs=epochs),
+                          rng=np.random.default_rng(seed), generator=g)
     t2 = time.perf_counter()
     beta = [client_index(model, x, y) for x, y in zip(d, lab)]
     t3 = time.perf_counter()
@@ -91,17 +100,23 @@ def run(seed: int, epochs: int, ff_dim: int, samples: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--strategy", choices=("global", "federated"), default="global")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="DSA-IGN epochs (global, default 60) or local epochs per index round (federated, default 10)")
+    parser.add_argument("--rounds", type=int, default=100, help="index rounds of the federated strategy")
     parser.add_argument("--ff-dim", type=int, default=256)
     parser.add_argument("--samples", type=int, default=400)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    epochs = args.epochs if args.epochs is not None else (60 if args.strategy == "global" else 10)
+    training = (f"GLOBAL strategy, {epochs} epochs" if args.strategy == "global" else
+                f"FEDERATED strategy, {args.rounds} rounds of 10 % of the nodes, {epochs} local epochs")
     print(f"digits, 5 domains x 4 nodes, Dirichlet 0.5 inside domains, {args.samples} samples/node; "
-          f"GLOBAL strategy, {args.epochs} epochs, ff_dim {args.ff_dim}")
+          f"{training}, ff_dim {args.ff_dim}")
     print("seed | gap beta^f (same, cross) | NN in domain | gap mean-D | NN mean-D | encode s | DSA-IGN s | "
           "index s | one round s | index/round")
     for seed in (int(s) for s in args.seeds.split(",")):
-        r = run(seed, args.epochs, args.ff_dim, args.samples)
+        r = run(seed, args.strategy, epochs, args.rounds, args.ff_dim, args.samples)
         index_s = r["encode_s"] + r["train_s"] + r["index_s"]
         print(f"{seed} | {r['gap']:.3f} ({r['same']:.3f}, {r['cross']:.3f}) | {r['hits']}/{r['nodes']} | "
               f"{r['mean_d_gap']:.3f} | {r['mean_d_hits']}/{r['nodes']} | {r['encode_s']:.1f} | {r['train_s']:.1f} | "

@@ -30,7 +30,7 @@ from typing import Any
 from p2pfl.report import merge_node_results
 from p2pfl.runtime.config import node_ids
 from p2pfl.scenario.compare import parse_algorithms, row_raw, row_slug
-from p2pfl.scenario.launcher import write_lan_configs
+from p2pfl.scenario.launcher import uses_coordinator, write_lan_configs
 from p2pfl.scenario.schema import apply_overrides, read_raw, scenario_from_dict
 from p2pfl.testbed import NetnsHosts, available
 
@@ -50,7 +50,7 @@ def run_on_links(raw: dict[str, Any], rate_mbit: float, out: Path, timeout_s: fl
     with NetnsHosts(ids + ["coordinator"], rate_mbit=rate_mbit) as bed:
         coordinator = f"{bed.address('coordinator')}:{PORT}"
         configs = write_lan_configs(scenario_path, [f"{bed.address(i)}:{PORT}" for i in ids], out / "lan", coordinator
-                                    if _needs_coordinator(scenario.algorithm.name) else None)
+                                    if uses_coordinator(scenario) else None)
         procs = []
         for config in configs:
             host = config.stem
@@ -63,12 +63,6 @@ def run_on_links(raw: dict[str, Any], rate_mbit: float, out: Path, timeout_s: fl
     if not merge_node_results(run):
         raise RuntimeError(f"no node wrote a result under {run}; see the logs in {out}")
     return json.loads((run / "results.json").read_text())
-
-
-def _needs_coordinator(algorithm: str) -> bool:
-    from p2pfl.algorithms import strategy_class
-
-    return strategy_class(algorithm).needs_coordinator
 
 
 def summarize(results: dict[str, Any]) -> dict[str, float]:

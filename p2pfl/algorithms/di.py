@@ -1,7 +1,7 @@
 """Coordinator-based global-model algorithms: `fedavg_global`, `ga` (FedDG-GA) and `di` (DI).
 
 The three share one node-side round and differ only in how the coordinator weighs the
-trained models (`p2pfl.coordinator.aggregators`):
+trained models: each strategy names its coordinator half (`p2pfl.algorithms.global_model`):
 
 1. `fit` trains from the current model, which is the global model received at the end of the
    previous round (round 1: the common initialisation, i.e. θ_g⁰). Before training it
@@ -40,8 +40,8 @@ Table 4 ablation (`dic`, `dia`; base method FedAvg), as the coordinator applies 
 
 Nodes skip the influence computation when `dic` is off; φ (one forward pass) is always
 sent, so every row records it. Parameters used only by the coordinator (α, β, `dia`,
-`xi_mapping`; GA's `step_size`, `fair_metric`, `center`) are declared here too, because
-scenario parameters are validated against this signature.
+`xi_mapping`; GA's `step_size`, `fair_metric`, `center`) belong to the coordinator half;
+`dic` is read by both halves.
 
 What the numbers say (tests/algorithms/test_di.py, benchmarks/dic.py):
 
@@ -68,15 +68,16 @@ from typing import Any
 import torch
 
 from p2pfl.algorithms import register
-from p2pfl.core.dia import GA_DEFAULT_STEP, validate_dia_params, validate_ga_params
+from p2pfl.algorithms.global_model import DIHalf, FedAvgGlobalHalf, GAHalf
 from p2pfl.core.influence_functions import SOLVERS, DataInfluence, LossSurface, data_influence, loss_sum
-from p2pfl.models import SplitModel, body_features, load_part, part_state
-from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy
+from p2pfl.models import SplitModel, body_features, load_part, part_spec, part_state
+from p2pfl.runtime.metadata import GLOBAL_META
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy
 from p2pfl.training import FitResult
 
 HESSIANS = ("head", "all")
 
-# Keys of the `stats` push's meta; `p2pfl.coordinator.aggregators` reads them. Absent values
+# Keys of the `stats` push's meta; `p2pfl.algorithms.global_model` reads them. Absent values
 # are None (never NaN), so records and the wire stay plain JSON.
 STATS_KEYS = (
     "n_train",
@@ -109,13 +110,15 @@ class DICProblem:
 class GlobalModelStrategy(Strategy):
     """Node side of the coordinator algorithms; subclasses add statistics in `round_stats`."""
 
-    needs_coordinator = True
     shared_parts = ()
 
     def __init__(self) -> None:
         self._meta: dict[str, Any] = {}
         self._prev_local: tuple[float | None, float | None] = (None, None)
         self._start_is_global = True  # round 1 starts from the common initialisation, θ_g⁰
+
+    def extra_parts(self, model: SplitModel) -> dict[str, PartDecl]:
+        return {"global": PartDecl(part_spec(model, "full"), GLOBAL_META)}
 
     def round_stats(self, ctx: RoundContext, start: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Extra statistics of the trained model (`start`: the round's start = global state)."""
@@ -187,6 +190,7 @@ class FedAvgGlobal(GlobalModelStrategy):
     """Coordinator FedAvg: ω ∝ n_train."""
 
     name = "fedavg_global"
+    coordinator = FedAvgGlobalHalf
 
 
 @register
@@ -194,14 +198,11 @@ class GA(GlobalModelStrategy):
     """FedDG-GA (Zhang et al., CVPR 2023); the update rule is in `p2pfl.core.dia`.
 
     `step_size` d (the move at round 1 is d/n), `fair_metric` ("loss" or "acc") and `center`
-    (False: the official code's uncentred update) are used by the coordinator only.
+    (False: the official code's uncentred update) are parameters of the coordinator half.
     """
 
     name = "ga"
-
-    def __init__(self, step_size: float = GA_DEFAULT_STEP, fair_metric: str = "loss", center: bool = True) -> None:
-        super().__init__()
-        validate_ga_params(float(step_size), fair_metric)
+    coordinator = GAHalf
 
 
 @register
@@ -211,29 +212,25 @@ class DI(GlobalModelStrategy):
     Node parameters: `core_size` (samples in the core set), `damping` λ, `solver` ("cg" or
     "lissa"), `hessian` ("head" or "all"), `cg_iterations`, `lissa_depth`, `hvp_samples`
     (training samples in the Hessian: 0 = all, as eq. 10; otherwise a random subset, fixed for
-    CG and redrawn per step for LiSSA), `dic`. Coordinator parameters: `alpha`, `beta`,
-    `dia`, `xi_mapping` ("shift", "rank", "softmax"; see `p2pfl.core.dia`).
+    CG and redrawn per step for LiSSA), `dic`. Coordinator half (`DIHalf`): `alpha`, `beta`,
+    `dia`, `xi_mapping` ("shift", "rank", "softmax"; see `p2pfl.core.dia`), `dic`.
     """
 
     name = "di"
+    coordinator = DIHalf
 
     def __init__(
         self,
-        alpha: float = 1.0,
-        beta: float = 1.0,
         core_size: int = 64,
         damping: float = 0.01,
         solver: str = "cg",
         hessian: str = "head",
         cg_iterations: int = 20,
         dic: bool = True,
-        dia: bool = True,
-        xi_mapping: str = "shift",
         lissa_depth: int = 100,
         hvp_samples: int = 0,
     ) -> None:
         super().__init__()
-        validate_dia_params(float(alpha), float(beta), xi_mapping)
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         if hessian not in HESSIANS:

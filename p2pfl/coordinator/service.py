@@ -1,9 +1,17 @@
-"""The optional coordinator: holds the global model for algorithms with a global step (DI, GA).
+"""The optional coordinator: runs the coordinator half of an algorithm with a global step.
 
-It speaks the same signed wire format as the nodes: nodes push their round statistics
-(`kind="stats"`) to its inbox and pull the `global` part by long-poll. It never sees raw
-data; it scores the global model on the held-out domain's test split, when the scenario
-has one, for leave-one-domain-out evaluation.
+It speaks the same signed wire format as the nodes and knows no algorithm's math: the
+scenario's strategy names its `CoordinatorHalf`, which declares what nodes push (a setup
+kind, answered once before round 1, and a round kind, answered every round) and turns
+what arrived into a `Reply`. Nodes push to its inbox and pull the reply's parts by
+long-poll (addressed parts only their own). When a reply carries a global model the
+coordinator scores it on the held-out domain's test split, when the scenario has one,
+for leave-one-domain-out evaluation. What nodes push is whatever their algorithm sends:
+model states and statistics (DI, GA) or data-derived embeddings (Client2Vec's global
+strategy); byte counts say how much.
+
+Waits, each named in `[runtime]`: `first_submission_wait_s` for the first node of a round
+(or of the setup), then `straggler_wait_s` for the rest.
 """
 
 from __future__ import annotations
@@ -17,18 +25,18 @@ from typing import Any
 import torch
 
 from p2pfl import logs
-from p2pfl.coordinator.aggregators import Submission, build_aggregator
+from p2pfl.algorithms import build_coordinator_half
 from p2pfl.data import build_partition
 from p2pfl.models import build_model, load_part, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint
 from p2pfl.runtime.config import NodeConfig
-from p2pfl.runtime.metadata import STATS_META
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
 from p2pfl.runtime.transport import Endpoint
-from p2pfl.runtime.transport_api import Transport
+from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Reply, Submission
+from p2pfl.runtime.transport_api import SETUP_PREFIX, Transport
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
 from p2pfl.wire import Message, NodeKey, Roster, WireLimits
@@ -50,35 +58,52 @@ class Coordinator:
         self.model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
         self.model.to(self.device)
         self.spec = part_spec(self.model, "full")
-        self.aggregator = build_aggregator(sc.algorithm.name, sc.algorithm.params, rounds=sc.rounds)
+        self.half = self.build_half()
         self.evaluator = LocalTrainer(sc.train, device=self.device)
         self.expected: set[str] = set(config.peers)
         self.counter = ByteCounter()
         self.submissions: dict[int, dict[str, Submission]] = {}
         self.arrived = asyncio.Event()
         self.round = 0
+        self.setup_done = self.half.setup_kind is None
         self.done = False
         self.rounds: list[dict[str, Any]] = []
+        self.setup_record: dict[str, Any] | None = None
         self.key = key = NodeKey.load(config.key_file)
         self.endpoint: Transport = Endpoint(
             node_id=config.id, key=key,
             roster=Roster({pid: p.public_key for pid, p in config.peers.items()}),
             urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
-            expected_for=lambda kind, part: self.spec if kind == "stats" else None,
-            meta_schema_for=lambda kind, part: STATS_META if kind == "stats" else None,
-            on_message=self._on_stats, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
+            expected_for=lambda kind, part: self._declared(kind, "spec"),
+            meta_schema_for=lambda kind, part: self._declared(kind, "meta"),
+            on_message=self._on_submission, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
             on_departed=self._on_departed,
             max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
             tls=server_context(key, config.id) if sc.runtime.tls else None,
             pins={pid: p.tls_fingerprint for pid, p in config.peers.items() if p.tls_fingerprint},
         )
 
-    def _on_stats(self, message: Message) -> None:
+    def build_half(self) -> CoordinatorHalf:
+        sc = self.scenario
+        env = CoordinatorEnv(model=self.model, rounds=sc.rounds, seed=sc.seed, num_classes=self.partition.num_classes,
+                             nodes=tuple(sorted(self.config.peers)))
+        return build_coordinator_half(sc.algorithm.name, sc.algorithm.params, env)
+
+    def _declared(self, kind: str, what: str) -> Any:
+        decl = self.half.expected(kind)
+        return None if decl is None else getattr(decl, what)
+
+    def _on_submission(self, message: Message) -> None:
         h = message.header
-        if h.round <= self.round:
+        if h.round == 0 and h.kind == self.half.setup_kind:
+            if self.setup_done:
+                raise ValueError("the setup exchange is over")
+        elif h.kind != self.half.round_kind or h.round < 1:
+            raise ValueError(f"kind {h.kind!r} in round {h.round} is not what {self.scenario.algorithm.name} exchanges")
+        elif h.round <= self.round:
             raise ValueError(f"round {h.round} is already aggregated (coordinator is at round {self.round})")
-        if h.round > self.scenario.rounds:
+        elif h.round > self.scenario.rounds:
             raise ValueError(f"round {h.round} is beyond the scenario's {self.scenario.rounds} rounds")
         per_round = self.submissions.setdefault(h.round, {})
         if h.sender in per_round:
@@ -92,10 +117,11 @@ class Coordinator:
         self.arrived.set()
 
     async def collect(self, r: int) -> dict[str, Submission]:
-        """Wait for every expected node, or `fetch_timeout_s` after the first one arrived."""
+        """Wait for every expected node: `first_submission_wait_s` for the first (nodes may still
+        be training), then `straggler_wait_s` for the rest."""
         loop = asyncio.get_running_loop()
-        timeout = self.scenario.runtime.fetch_timeout_s
-        first_deadline = loop.time() + 4 * timeout  # nodes may still be training
+        timeout = self.scenario.runtime.straggler_wait_s
+        first_deadline = loop.time() + self.scenario.runtime.first_submission_wait_s
         deadline = None
         while True:
             got = self.submissions.get(r, {})
@@ -126,7 +152,9 @@ class Coordinator:
                 if self.rounds:  # serve the restored global model at once
                     await self.endpoint.publish(self.round, self.round, {"global": host_snapshot(part_state(self.model, "full"))},
                                                 {"weights": dict(self.rounds[-1]["weights"])})
-            for r in range(first, sc.rounds + 1):
+            if not self.setup_done:
+                await self.run_setup()
+            for r in range(first, sc.rounds + 1 if self.half.round_kind is not None else first):
                 self.counter.begin_round(r)
                 t0 = time.perf_counter()
                 got = await self.collect(r)
@@ -139,15 +167,16 @@ class Coordinator:
                 # A node that missed a round, or said goodbye meanwhile, is not waited for again.
                 self.expected = set(got) - set(self.endpoint.departed)
                 subs = [got[k] for k in sorted(got)]
-                update = await asyncio.to_thread(self.aggregator.aggregate, r, subs)
-                load_part(self.model, update.state)
+                reply = await asyncio.to_thread(self.half.aggregate, r, subs)
                 held_acc = None
-                if self.held_out is not None:
-                    held_acc, _ = self.evaluator.evaluate(self.model, self.held_out)
+                if reply.model is not None:
+                    load_part(self.model, reply.model)
+                    if self.held_out is not None:
+                        held_acc, _ = self.evaluator.evaluate(self.model, self.held_out)
                 self.round = r
-                await self.endpoint.publish(r, r, {"global": host_snapshot(update.state)}, {"weights": dict(update.weights)})
+                await self.publish(r, r, reply)
                 self.rounds.append({
-                    "round": r, "weights": dict(update.weights), "info": update.info, "held_out_acc": held_acc,
+                    "round": r, "weights": dict(reply.meta.get("weights", {})), "info": reply.info, "held_out_acc": held_acc,
                     "submitted": sorted(got), **self.counter.round_summary(r), "wall_s": time.perf_counter() - t0,
                 })
                 self.log.info("round %d aggregated from %d nodes, held-out acc %s", r, len(got), held_acc)
@@ -159,7 +188,7 @@ class Coordinator:
         self.done = True
         await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
         result = {
-            "id": cfg.id, "status": status, "error": error, "rounds": self.rounds,
+            "id": cfg.id, "status": status, "error": error, "rounds": self.rounds, "setup": self.setup_record,
             "held_out_domain": self.partition.held_out_domain, "totals": self.counter.totals(),
             "rejected": self.endpoint.rejections.summary(),
             "wall_s": time.perf_counter() - started,
@@ -169,28 +198,62 @@ class Coordinator:
         return result
 
 
+    async def publish(self, version: int, round_: int, reply: Reply) -> None:
+        def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+            return host_snapshot(tensors)
+
+        await self.endpoint.publish(
+            version, round_, {name: snapshot(t) for name, t in reply.parts.items()}, dict(reply.meta),
+            addressed={name: {node: snapshot(t) for node, t in per_node.items()} for name, per_node in reply.addressed.items()},
+        )
+
+    async def run_setup(self) -> None:
+        """The setup exchange: every node's setup push, the half's `setup`, its reply as step 1."""
+        t0 = time.perf_counter()
+        self.counter.begin_round(0)
+        got = await self.collect(0)
+        self.setup_done = True
+        if not got:
+            raise RuntimeError("no node took part in the setup exchange")
+        missing = self.expected - set(got)
+        if missing:
+            self.log.warning("setup: nothing from %s; going on without them", sorted(missing))
+        self.expected = set(got) - set(self.endpoint.departed)
+        reply = await asyncio.to_thread(self.half.setup, [got[k] for k in sorted(got)])
+        names = list(reply.parts) + list(reply.addressed)
+        if not all(n.startswith(SETUP_PREFIX) for n in names):
+            raise ValueError(f"setup reply parts must be named {SETUP_PREFIX}*, got {names}")
+        await self.publish(1, 0, reply)
+        self.submissions.pop(0, None)
+        self.setup_record = {"submitted": sorted(got), "info": reply.info, **self.counter.round_summary(0),
+                             "wall_s": time.perf_counter() - t0}
+        self.log.info("setup answered for %d nodes in %.1f s", len(got), self.setup_record["wall_s"])
+
     # ---- checkpoints ----------------------------------------------------------------------
     def write_checkpoint(self) -> None:
         state = {
             **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
-            "aggregator": self.aggregator.state_dict(), "expected": sorted(self.expected),
+            "aggregator": self.half.state_dict(), "expected": sorted(self.expected),
         }
         save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.key, node_id=self.config.id,
                         round_=len(self.rounds), extra=state)
 
     def restore(self) -> int:
         """Load the last checkpoint, checked in full first; returns the last aggregated round."""
+        if self.half.setup_kind is not None:
+            raise CheckpointError(f"{self.scenario.algorithm.name} cannot be resumed: its setup exchange "
+                                  "(before round 1) is not checkpointed; start the run again")
         tensors, doc = read_resumable(self.checkpoint_path, node_id=self.config.id,
                                       public_hex=self.key.public_hex, scenario=self.scenario.to_dict(),
                                       rounds=self.scenario.rounds, spec=self.spec)
-        fresh = build_aggregator(self.scenario.algorithm.name, self.scenario.algorithm.params, rounds=self.scenario.rounds)
+        fresh = self.build_half()
         try:
             fresh.load_state_dict(doc["aggregator"])
             expected = {str(n) for n in doc["expected"]}
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.checkpoint_path}: state does not fit "
                                   f"{self.scenario.algorithm.name}: {exc!r}") from None
-        self.aggregator = fresh
+        self.half = fresh
         self.expected = expected & set(self.config.peers)
         load_part(self.model, {k: v.to(self.device) for k, v in tensors.items()})
         restore_run_state(doc, self.endpoint.replay, self.counter)

@@ -14,7 +14,7 @@ weights ξ_k (from `p2pfl.core.influence_functions.data_influence`) and training
   The paper's text says "α = 0" allocates entirely by ξ'; its eq. 13 gives that at α = 1/2
   (α → 0 blows the deviation from 1/n up), so we follow the formula (ALGORITHMS.md). Note
   that even then ω = (ξ' + w2)/Σ, not ξ': eq. 12 always adds the φ term, which at β = ∞ is
-  1/n, so ω = (ξ' + 1/n)/2. Only the DIA-off ablation (`p2pfl.coordinator.aggregators`)
+  1/n, so ω = (ξ' + 1/n)/2. Only the DIA-off ablation (`p2pfl.algorithms.global_model`)
   aggregates by ξ' alone.
 * Small α (or β) drives w1 (w2) negative for below-average domains; both terms are clipped
   at 0 before normalising, so ω is a proper distribution for any inputs.

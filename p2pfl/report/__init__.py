@@ -254,6 +254,30 @@ def plot_relevance_scores(scores: Mapping[str, Any], out: Path) -> Path:
     return _save(fig, out / "relevance_scores.png")
 
 
+def plot_client_indices(results: Mapping[str, Any], out: Path) -> Path | None:
+    """Client2Vec's Fig. 2: node x node cosine similarity of beta and of beta^f, nodes in index
+    order with their domains on the axes (same-domain blocks on the diagonal are what the
+    feature index should show)."""
+    from p2pfl.core.client2vec import similarity_matrix
+
+    c2v = results.get("client2vec")
+    if not c2v:
+        return None
+    nodes = [n for n in results["nodes"] if n["id"] in c2v["indices"]]
+    labels = [_node_label(results, n) for n in nodes]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    for ax, key, title in ((axes[0], "indices", "β = [β^f ; β^l]"), (axes[1], "feature_indices", "β^f (feature index)")):
+        mat = similarity_matrix([np.asarray(c2v[key][n["id"]]) for n in nodes])
+        im = ax.imshow(mat, cmap="viridis", vmin=min(0.0, float(mat.min())), vmax=1.0)
+        ax.set_title(f"cosine similarity of {title}")
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(f"Client2Vec indices ({c2v['strategy']} strategy)")
+    fig.tight_layout()
+    return _save(fig, out / "client_indices.png")
+
+
 def plot_epsilon(results: Mapping[str, Any], out: Path) -> Path | None:
     if all(r.get("epsilon") is None for n in results["nodes"] for r in n["rounds"]):
         return None
@@ -290,7 +314,8 @@ def report_run(run_dir: Path) -> list[Path]:
         p = plot_scalar_records(results, key, out, label)
         if p is not None:
             paths.append(p)
-    for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out), plot_round_time(results, out)):
+    for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out), plot_round_time(results, out),
+              plot_client_indices(results, out)):
         if p is not None:
             paths.append(p)
     return paths

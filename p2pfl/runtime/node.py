@@ -8,6 +8,7 @@ Training runs in a worker thread so that the server keeps answering peers meanwh
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -33,13 +34,13 @@ from p2pfl.runtime.checkpoint import (
     save_checkpoint,
 )
 from p2pfl.runtime.config import NodeConfig
-from p2pfl.runtime.metadata import GLOBAL_META, MODEL_META, Schema
+from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.safeguard import SafeguardChoice, mix
 from p2pfl.runtime.safeguard import choose as choose_mix
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
-from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.transport_api import Transport
 from p2pfl.training import LocalTrainer, rng_state_from_hex, rng_state_hex
@@ -99,6 +100,8 @@ class Node:
         self.fresh_strategy, self.attack, self.key = parts.fresh_strategy, parts.attack, parts.key
         self.counter, self.neighbours = parts.counter, parts.neighbours
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
+        # Parts besides the model's own (the coordinator's replies, setup parts), as the strategy declares them.
+        self.extra: dict[str, PartDecl] = self.strategy.extra_parts(self.model)
         self.precision = scenario.runtime.wire_precision
         self.round = 0
         self.done = False
@@ -113,7 +116,9 @@ class Node:
             node_id=config.id, round=0, rounds=scenario.rounds, peers=self.neighbours, model=self.model,
             data=self.data, trainer=self.trainer, rng=np.random.default_rng(parts.seed), artefacts=self.artefacts,
             log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
+            seed=scenario.seed,
         )
+        self.setup_record: dict[str, Any] | None = None
         self.rounds: list[dict[str, Any]] = []
         # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
         self.participation_rng = np.random.default_rng([parts.seed, 0x5EA7])
@@ -124,15 +129,15 @@ class Node:
     def _expected(self, kind: str, part: str) -> dict[str, tuple[tuple[int, ...], str]] | None:
         if kind != "model":
             return None
-        if part == "global":
-            return self.specs["full"]
+        if part in self.extra:  # declared by the strategy; they travel at full precision
+            return self.extra[part].spec
         spec = self.specs.get(part)
         return None if spec is None else wire_spec(spec, self.precision)
 
     def _meta_schema(self, kind: str, part: str) -> Schema | None:
         if kind != "model":
             return None
-        return GLOBAL_META if part == "global" else MODEL_META
+        return self.extra[part].meta if part in self.extra else MODEL_META
 
     def _on_push(self, message: Message) -> None:
         """A peer pushed a part. Taken only while this node's gather waits for exactly that
@@ -149,7 +154,7 @@ class Node:
         """A verified message as a strategy sees it: every tensor already on this node's device."""
         h = message.header
         tensors = message.torch_tensors()
-        if h.part != "global":  # the coordinator's global model travels at full precision
+        if h.part not in self.extra:  # the strategy's extra parts travel at full precision
             tensors = dequantize(tensors, self.specs[h.part], self.precision)
         return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), dict(h.meta))
 
@@ -175,8 +180,7 @@ class Node:
                 # Gone last round and not answering now (killed, or its machine is down): one
                 # quick probe instead of fetch_timeout_s in every later round.
                 return None
-            # The coordinator waits up to `timeout` for stragglers itself, so its answer may take longer.
-            wait = 2 * timeout if fetch.peer == COORDINATOR_ID else timeout
+            wait = self.scenario.runtime.coordinator_wait_s if fetch.peer == COORDINATOR_ID else timeout
             fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, round_, wait))
             pushed = self.awaiting[(fetch.peer, fetch.part)]
             try:
@@ -218,6 +222,24 @@ class Node:
             )
             for p in pushes
         ))
+
+    async def run_setup(self) -> None:
+        """`Strategy.setup` with the setup exchange open; its bytes and records are round 0's."""
+        t0 = time.perf_counter()
+        self.counter.begin_round(0)
+        self.artefacts.begin_round(0)
+        loop = asyncio.get_running_loop()
+        self.ctx.exchange = NodeSetupExchange(self, loop)
+        # A thread of its own: setup blocks on exchanges that need the loop's default executor
+        # (encoding), which nodes sharing a process would otherwise fill with waiting setups.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{self.config.id}-setup") as pool:
+            try:
+                await loop.run_in_executor(pool, self.strategy.setup, self.ctx)
+            finally:
+                self.ctx.exchange = None
+        summary = self.counter.round_summary(0)
+        if summary.get("bytes_sent") or summary.get("bytes_received") or self.artefacts.records:
+            self.setup_record = {**summary, "wall_s": time.perf_counter() - t0, "strategy": dict(self.artefacts.records)}
 
     async def run_round(self, r: int) -> dict[str, Any]:
         started_at = time.time()
@@ -348,17 +370,17 @@ class Node:
         error = None
         goodbye = ""
         try:
-            await asyncio.to_thread(self.strategy.setup, self.ctx)
-            first = 1
-            if self.resume:
-                first = await asyncio.to_thread(self.restore) + 1
-                await self._republish()
-            # Not a barrier: a node starts round 1 once its peers are up or start_wait_s has
-            # passed, so that peers still starting (importing torch) do not slow its first round.
+            # Not a barrier: a node starts once its peers are up or start_wait_s has passed, so
+            # that peers still starting (importing torch) do not slow its first round.
             awaited = set(self.neighbours) | ({COORDINATOR_ID} if cfg.coordinator is not None else set())
             silent = await self.endpoint.wait_until_up(awaited, sc.runtime.start_wait_s)
             if silent:
                 self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.runtime.start_wait_s)
+            await self.run_setup()
+            first = 1
+            if self.resume:
+                first = await asyncio.to_thread(self.restore) + 1
+                await self._republish()
             for r in range(first, sc.rounds + 1):
                 if self.privacy is not None and self.privacy.exhausted():
                     status = "budget_exhausted"
@@ -485,6 +507,7 @@ class Node:
             "n_val": len(self.data.val),
             "n_test": len(self.data.test),
             "rounds": self.rounds,
+            "setup": self.setup_record,
             "final_test_acc": last.get("test_acc"),
             "final_test_acc_aggregated": last.get("test_acc_aggregated"),
             "final_epsilon": last.get("epsilon"),
@@ -492,6 +515,41 @@ class Node:
             "rejected": self.endpoint.rejections.summary(),
             "wall_s": wall_s,
         }
+
+
+class NodeSetupExchange:
+    """`SetupExchange` over the node's transport: blocking calls from the strategy's worker thread,
+    run on the node's event loop."""
+
+    def __init__(self, node: Node, loop: asyncio.AbstractEventLoop) -> None:
+        self.node, self.loop = node, loop
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def publish(self, step: int, parts: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None:
+        snapshot = {setup_part(name): host_snapshot(dict(t)) for name, t in parts.items()}
+        meta = {"n_train": len(self.node.data.train), **meta}
+        self._run(self.node.endpoint.publish(step, 0, snapshot, meta))
+
+    def push(self, step: int, pushes: Any) -> None:
+        timeout = self.node.scenario.runtime.fetch_timeout_s
+
+        async def send() -> list[bool]:
+            return await asyncio.gather(*(
+                self.node.endpoint.push(p.target, kind=p.kind, part=p.part, round_=0, version=step,
+                                        tensors=host_snapshot(dict(p.tensors)), meta=p.meta, timeout=timeout)
+                for p in pushes
+            ))
+
+        refused = [p.target for p, ok in zip(pushes, self._run(send())) if not ok]
+        if refused:
+            raise RuntimeError(f"setup step {step}: {refused} did not take this node's push (see their rejections)")
+
+    def fetch(self, step: int, fetches: Any) -> list[PeerModel]:
+        """Waits as rounds do: fetch_timeout_s for a peer, coordinator_wait_s for the coordinator."""
+        named = [Fetch(f.peer, setup_part(f.part)) for f in fetches]
+        return self._run(self.node.gather(named, step))
 
 
 def epsilon_for_json(epsilon: float | None) -> float | str | None:

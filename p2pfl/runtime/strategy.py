@@ -13,21 +13,38 @@ they never import `p2pfl.runtime.node` or the transport.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
 
 from p2pfl.models import SplitModel
+from p2pfl.runtime.metadata import Schema
 from p2pfl.runtime.run_folder import ArtefactSink
+from p2pfl.runtime.transport_api import SETUP_PREFIX
 from p2pfl.training import FitResult, LocalTrainer
 
 if TYPE_CHECKING:
     from p2pfl.data import NodeData
 
 COORDINATOR_ID = "coordinator"
+
+TensorSpec = dict[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype) a part must have
+
+
+def setup_part(name: str) -> str:
+    """The wire name of a setup part (served apart from the rounds' parts)."""
+    return name if name.startswith(SETUP_PREFIX) else SETUP_PREFIX + name
+
+
+@dataclass(frozen=True)
+class PartDecl:
+    """What a part outside the model's own ("full", "body", "head") must look like on arrival."""
+
+    spec: TensorSpec
+    meta: Schema | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,19 @@ class PeerModel:
         return int(self.meta.get("n_train", 1))
 
 
+class SetupExchange(Protocol):
+    """Messages before round 1, for `Strategy.setup` (blocking calls, made from its worker thread).
+
+    Setup parts are named "setup.<name>" and versioned by setup `step` (1, 2, ...), apart from
+    the rounds. A fetch of step s waits for the peer's (or the coordinator's) step >= s."""
+
+    def publish(self, step: int, parts: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None: ...
+
+    def push(self, step: int, pushes: Sequence["Push"]) -> None: ...
+
+    def fetch(self, step: int, fetches: Sequence["Fetch"]) -> list["PeerModel"]: ...
+
+
 @dataclass
 class RoundContext:
     """Everything a strategy may use in one round. `round` is 1-based; 0 during `setup`."""
@@ -86,6 +116,9 @@ class RoundContext:
     unreachable: set[str] = field(default_factory=set)
     # Peers that said goodbye (failed, or out of privacy budget): never asked again.
     departed: set[str] = field(default_factory=set)
+    # The setup exchange (only during `setup`, only under the runtime; None in unit tests).
+    exchange: SetupExchange | None = None
+    seed: int = 0  # the scenario's seed: the same on every node (shared draws, encoders)
 
 
 class Strategy:
@@ -96,15 +129,29 @@ class Strategy:
     """
 
     name: ClassVar[str] = ""
-    needs_coordinator: ClassVar[bool] = False
+    # The algorithm's coordinator half, for algorithms with a global step; None: peer to peer only.
+    coordinator: ClassVar[type["CoordinatorHalf"] | None] = None
     # Parts this node serves to peers once per round (encoded once, served many times).
     shared_parts: ClassVar[tuple[str, ...]] = ("full", "body", "head")
     # True: the runtime hands each peer part to `fold` the moment it arrives and keeps none of
     # their tensors; `aggregate` then gets the arrivals without tensors (sender, version, meta).
     folds_arrivals: ClassVar[bool] = False
 
+    @property
+    def needs_coordinator(self) -> bool:
+        return self.coordinator is not None
+
     def setup(self, ctx: RoundContext) -> None:
-        """Once per node before round 1."""
+        """Once per node before round 1; may talk to peers and the coordinator through `ctx.exchange`."""
+
+    def privacy_conflict(self, mode: str) -> str | None:
+        """Why this strategy, as configured, cannot run under privacy `mode` (None: it can)."""
+        return None
+
+    def extra_parts(self, model: SplitModel) -> dict[str, PartDecl]:
+        """Parts besides the model's own this node may receive (the coordinator's replies, setup
+        parts), with the spec and metadata schema each is checked against on arrival."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """What the strategy has learnt across rounds (JSON-able), for checkpoints; parameters are not state."""
@@ -135,3 +182,74 @@ class Strategy:
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
         """Update `ctx.model` in place from what arrived (may be fewer than requested)."""
+
+
+# ---- the coordinator half ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What one node pushed to the coordinator (one kind, one round or the setup)."""
+
+    node_id: str
+    state: dict[str, torch.Tensor]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    """The coordinator's answer to a round (or to the setup exchange).
+
+    `parts` are served to every node, `addressed` (part -> node -> tensors) each to its node
+    only; `model` is the new global model when the algorithm has one (the coordinator scores
+    it on the held-out domain and checkpoints it); `info` goes into the coordinator's record."""
+
+    parts: dict[str, dict[str, torch.Tensor]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    addressed: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    model: dict[str, torch.Tensor] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CoordinatorEnv:
+    """What a coordinator half may know of the run: the nodes' model (same initialisation), sizes, seed."""
+
+    model: SplitModel
+    rounds: int
+    seed: int
+    num_classes: int
+    nodes: tuple[str, ...]
+
+
+class CoordinatorHalf:
+    """The coordinator side of an algorithm: pure (no HTTP, no files); the service moves bytes.
+
+    A half declares which kind nodes push in the setup exchange (`setup_kind`, answered once
+    by `setup`) and every round (`round_kind`, answered by `aggregate`), and what each kind
+    must look like (`expected`). Parameters are keyword arguments of `__init__` after `env`,
+    validated with the strategy's own."""
+
+    setup_kind: ClassVar[str | None] = None
+    round_kind: ClassVar[str | None] = None
+
+    def __init__(self, env: CoordinatorEnv) -> None:
+        self.env = env
+
+    def expected(self, kind: str) -> PartDecl | None:
+        """The spec and schema of a push of `kind`; None: this half takes no such push."""
+        return None
+
+    def setup(self, submissions: list[Submission]) -> Reply:
+        raise NotImplementedError(f"{type(self).__name__} declares a setup kind but no setup")
+
+    def aggregate(self, round_: int, submissions: list[Submission]) -> Reply:
+        raise NotImplementedError(f"{type(self).__name__} declares a round kind but no aggregate")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the half keeps across rounds (JSON-able), for the coordinator's checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state across rounds, got {sorted(state)}")

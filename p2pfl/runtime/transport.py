@@ -17,7 +17,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -27,6 +27,7 @@ from p2pfl.runtime.accounting import CONTROL, ByteCounter
 from p2pfl.runtime.metadata import GOODBYE_META, Schema, check_meta
 from p2pfl.runtime.rejections import UNVERIFIED, RejectionLog, sender_label
 from p2pfl.runtime.tls import pin
+from p2pfl.runtime.transport_api import SETUP_PREFIX
 from p2pfl.wire import (
     PREFIX_BYTES,
     EncodedBody,
@@ -146,6 +147,8 @@ class Published:
     round: int
     bodies: Mapping[str, EncodedBody]
     meta: Mapping[str, Any]
+    # part -> reader -> body: a reply meant for one node, served to that node only.
+    addressed: Mapping[str, Mapping[str, EncodedBody]] = field(default_factory=dict)
 
 
 class PartStore:
@@ -229,6 +232,9 @@ class Endpoint:
         self.retry_s = retry_s
         self.log = log or logging.getLogger(f"p2pfl.{node_id}")
         self.store = PartStore()
+        # Parts named "setup.*" (the exchange before round 1) have their own versions, so setup
+        # steps never shadow a round's parts.
+        self.setup_store = PartStore()
         # Sequence numbers from the clock (microseconds): a restarted node goes on above every
         # number its peers saw from it before, so they never take its new messages for replays.
         self._seq = itertools.count(time.time_ns() // 1000)
@@ -286,13 +292,26 @@ class Endpoint:
     def next_seq(self) -> int:
         return next(self._seq)
 
-    async def publish(self, version: int, round_: int, parts: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> None:
+    async def publish(self, version: int, round_: int, parts: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
+                      addressed: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None) -> None:
         """Encode each part once; every GET for this version reuses the body and only re-seals the header.
 
+        `addressed` (part -> node -> tensors) are replies each served to its node only. Parts
+        named "setup.*" go to the setup store, whose versions are setup steps, not rounds.
         The encoded body references the tensors' memory: `parts` must be snapshots that
         nobody changes afterwards (`p2pfl.runtime.placement.host_snapshot`)."""
-        bodies = await asyncio.to_thread(lambda: {name: encode_body(t) for name, t in parts.items()})
-        await self.store.publish(Published(version, round_, bodies, dict(meta)))
+        names = list(parts) + list(addressed or {})
+        setup = [n.startswith(SETUP_PREFIX) for n in names]
+        if any(setup) and not all(setup):
+            raise ValueError(f"setup parts and round parts are published separately, got {names}")
+
+        def encode() -> tuple[dict[str, EncodedBody], dict[str, dict[str, EncodedBody]]]:
+            return ({name: encode_body(t) for name, t in parts.items()},
+                    {name: {node: encode_body(t) for node, t in per_node.items()} for name, per_node in (addressed or {}).items()})
+
+        bodies, addressed_bodies = await asyncio.to_thread(encode)
+        store = self.setup_store if any(setup) else self.store
+        await store.publish(Published(version, round_, bodies, dict(meta), addressed_bodies))
 
     @web.middleware
     async def _no_server_errors(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
@@ -328,17 +347,22 @@ class Endpoint:
             return self._reject(requester, 429, f"{self._reads_by_peer[requester]} reads from {requester} already waiting",
                                 kind="too_many_requests")
         self._reads_by_peer[requester] = self._reads_by_peer.get(requester, 0) + 1
+        store = self.setup_store if part.startswith(SETUP_PREFIX) else self.store
         try:
-            published = await self.store.wait_for(min_version, wait)
+            published = await store.wait_for(min_version, wait)
         finally:
             self._reads_by_peer[requester] -= 1
         if published is None:
-            if self.store.withdrawn:
+            if store.withdrawn:
                 return web.Response(status=410, text=f"{self.node_id} has withdrawn: it failed and serves nothing more")
-            if self.store.sitting_out_through >= min_version:
+            if store.sitting_out_through >= min_version:
                 return web.Response(status=404, text=f"{self.node_id} sits out round {min_version} and has published nothing yet")
             return web.Response(status=204)
         body = published.bodies.get(part)
+        if body is None and part in published.addressed:
+            body = published.addressed[part].get(requester)
+            if body is None:
+                return web.Response(status=404, text=f"{self.node_id} has no {quote(part, 40)} for {requester}")
         if body is None:
             return web.Response(status=404, text=f"{self.node_id} does not share part {quote(part, 40)}")
         frame = seal_frame(
@@ -466,7 +490,8 @@ class Endpoint:
         backoff = self.retry_s
         url = f"{self.urls[peer]}/v1/parts/{part}"
         while (remaining := deadline - loop.time()) > 0:
-            params = {"min_version": str(min_version), "wait": f"{remaining:.3f}"}
+            # Long waits go as several reads: a server answers one read for at most MAX_WAIT_S.
+            params = {"min_version": str(min_version), "wait": f"{min(remaining, MAX_WAIT_S - 1):.3f}"}
             auth = {AUTH_HEADER: request_for(self.key, self.node_id, peer, part, min_version, self.next_seq())}
             try:
                 async with self._session.get(url, params=params, headers=auth, ssl=self._ssl(peer),
@@ -557,6 +582,7 @@ class Endpoint:
 
     async def withdraw(self) -> None:
         await self.store.withdraw()
+        await self.setup_store.withdraw()
 
     async def say_goodbye(self, targets: list[str], reason: str, timeout: float = 3.0) -> None:
         """Tell `targets` (signed) that this node is gone, so none of them waits for it again."""

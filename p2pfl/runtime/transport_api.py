@@ -14,6 +14,9 @@ from p2pfl.runtime.metadata import Schema
 from p2pfl.runtime.rejections import RejectionLog
 from p2pfl.wire import Message, ReplayGuard
 
+#: Parts published before round 1 (Strategy.setup's exchange) are named "setup.<name>".
+SETUP_PREFIX = "setup."
+
 ExpectedTensors = Mapping[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype) a part must have
 
 
@@ -33,8 +36,9 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
     async def publish(self, version: int, round_: int, parts: Mapping[str, Mapping[str, Any]],
-                      meta: Mapping[str, Any]) -> None:
-        """Serve `parts` as this node's `version` until the next publish."""
+                      meta: Mapping[str, Any], addressed: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None) -> None:
+        """Serve `parts` as this node's `version` until the next publish; `addressed` parts
+        (part -> node -> tensors) each to its node only. "setup.*" parts have their own versions."""
 
     async def sit_out(self, round_: int) -> None:
         """Answer `round_`'s reads at once with the last version: this node skips that round."""

@@ -20,7 +20,7 @@ from typing import Any
 import tomli_w
 from tqdm import tqdm
 
-from p2pfl.algorithms import strategy_class
+from p2pfl.algorithms import needs_coordinator as algorithm_needs_coordinator
 from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.data import build_partition
 from p2pfl.errors import ConfigError
@@ -39,6 +39,11 @@ from p2pfl.wire import NodeKey
 
 
 COORDINATOR_GRACE_S = 30.0  # how long the coordinator may outlive the last node
+
+
+def uses_coordinator(scenario: Scenario) -> bool:
+    """Whether the scenario's algorithm, with its parameters, runs a coordinator."""
+    return algorithm_needs_coordinator(scenario.algorithm.name, scenario.algorithm.params)
 
 
 def peer_info(scenario: Scenario, node_id: str, key: NodeKey, host: str, port: int) -> PeerInfo:
@@ -60,8 +65,8 @@ def write_run_folder(scenario: Scenario, out: Path,
     scenario_path.write_text(json.dumps(scenario.to_dict(), indent=2))
     host = scenario.runtime.host
     ids = node_ids(scenario.nodes)
-    needs_coordinator = strategy_class(scenario.algorithm.name).needs_coordinator
-    all_ids = ids + ([COORDINATOR_ID] if needs_coordinator else [])
+    with_coordinator = uses_coordinator(scenario)
+    all_ids = ids + ([COORDINATOR_ID] if with_coordinator else [])
     keys = {i: NodeKey.generate() for i in all_ids}
     for i, key in keys.items():
         key.save(folder.key(i))
@@ -79,7 +84,7 @@ def write_run_folder(scenario: Scenario, out: Path,
         cfg.save(path)
         paths.append(path)
     coordinator_path = None
-    if needs_coordinator:
+    if with_coordinator:
         cfg = NodeConfig(
             id=COORDINATOR_ID, index=0, host=addresses[COORDINATOR_ID][0], port=addresses[COORDINATOR_ID][1],
             key_file=folder.key(COORDINATOR_ID), scenario=scenario_path, out=out,
@@ -217,7 +222,7 @@ def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float 
     workers = RayWorkers.start(ray, node_ids(scenario.nodes), scenario.runtime.workers)
     try:
         addresses = workers.addresses()
-        if strategy_class(scenario.algorithm.name).needs_coordinator:
+        if uses_coordinator(scenario):
             here = ray.util.get_node_ip_address()  # reachable from every actor, unlike loopback
             addresses[COORDINATOR_ID] = (here, free_ports(1, here)[0])
         node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
@@ -264,7 +269,7 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
     if json.loads(stored.read_text()) != json.loads(json.dumps(scenario.to_dict())):
         raise ConfigError("--resume", f"the scenario differs from the one the run in {out} was started with")
     paths = [folder.node_config(nid) for nid in node_ids(scenario.nodes)]
-    coordinator = folder.node_config(COORDINATOR_ID) if strategy_class(scenario.algorithm.name).needs_coordinator else None
+    coordinator = folder.node_config(COORDINATOR_ID) if uses_coordinator(scenario) else None
     missing = [p.name for p in [*paths, coordinator] if p is not None and not p.is_file()]
     if missing:
         raise ConfigError("--resume", f"{out} lacks the node configs {', '.join(missing)}")
@@ -328,12 +333,12 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
     scenario = load_scenario(scenario_path, overrides)  # a bad --set fails here, not on every host
     if len(addresses) != scenario.nodes:
         raise ConfigError("--hosts", f"the scenario has {scenario.nodes} nodes but {len(addresses)} addresses were given")
-    needs_coordinator = strategy_class(scenario.algorithm.name).needs_coordinator
-    if needs_coordinator and coordinator_address is None:
+    with_coordinator = uses_coordinator(scenario)
+    if with_coordinator and coordinator_address is None:
         raise ConfigError("--coordinator", f"{scenario.algorithm.name} needs a coordinator address (host:port)")
     ids = node_ids(scenario.nodes)
     hostports = dict(zip(ids, addresses))
-    if needs_coordinator:
+    if with_coordinator:
         hostports[COORDINATOR_ID] = coordinator_address  # type: ignore[assignment]
     out.mkdir(parents=True, exist_ok=True)
     infos: dict[str, PeerInfo] = {}

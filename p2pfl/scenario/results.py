@@ -71,7 +71,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         if held:
             summary["held_out_acc"] = held[-1]
             summary["held_out_acc_best"] = max(held)
-    return {
+    out = {
         "scenario": scenario.to_dict(),
         "algorithm": scenario.algorithm.name,
         "nodes": nodes,
@@ -79,6 +79,28 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "summary": summary,
         "topology": topology_record(scenario),
         "ground_truth": dict(ground_truth),
+    }
+    indices = client_indices(nodes, coordinator)
+    if indices is not None:
+        out["client2vec"] = indices
+    return out
+
+
+def client_indices(nodes: list[dict[str, Any]], coordinator: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Client2Vec's indices, gathered from the nodes' setup records: {"strategy", "indices",
+    "feature_indices", "seconds" (the slowest node's setup, the coordinator's training included),
+    "coordinator_seconds"}; None for other algorithms."""
+    records = {n["id"]: ((n.get("setup") or {}).get("strategy") or {}).get("client2vec") for n in nodes}
+    records = {k: v for k, v in records.items() if v}
+    if not records:
+        return None
+    setup = (coordinator or {}).get("setup") or {}
+    return {
+        "strategy": next(iter(records.values()))["strategy"],
+        "indices": {k: v["index"] for k, v in records.items()},
+        "feature_indices": {k: v["feature_index"] for k, v in records.items()},
+        "seconds": max(float(v["seconds"]) for v in records.values()),
+        "coordinator_seconds": (setup.get("info") or {}).get("seconds"),
     }
 
 

@@ -79,6 +79,9 @@ PLACEMENTS = ("process", "shared", "ray")
 @dataclass(frozen=True)
 class RuntimeSpec:
     fetch_timeout_s: float = 60.0     # longest wait for a peer's version of this round
+    coordinator_wait_s: float = 120.0  # a node's longest wait for the coordinator's reply (a round's, the setup's)
+    first_submission_wait_s: float = 240.0  # the coordinator's longest wait for a round's first node (nodes train)
+    straggler_wait_s: float = 60.0    # then the coordinator's longest wait for the round's other nodes
     connect_retry_s: float = 0.25     # first backoff step when a peer is not up yet
     message_limit_mb: float = 64.0    # largest accepted message (aiohttp's default is 1 MiB)
     accept_stale: bool = True         # use a peer's older version when the wanted one is late
@@ -97,7 +100,8 @@ class RuntimeSpec:
     wire_precision: str = "float32"   # shared parameters on the wire: float32 | float16 | int8 (per-tensor scale)
 
     def __post_init__(self) -> None:
-        for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s"):
+        for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
+                     "coordinator_wait_s", "first_submission_wait_s", "straggler_wait_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"runtime.{name}", f"must be > 0, got {getattr(self, name)}")
         if self.placement not in PLACEMENTS:
@@ -183,7 +187,9 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     if not isinstance(params, Mapping):
         raise ConfigError("algorithm.params", "expected a table")
     strategy_class(algo_name)
-    build_strategy(algo_name, params)  # validates the parameters now, before any process starts
+    strategy = build_strategy(algo_name, params)  # validates the parameters now, before any process starts
+    # A coordinator that answers every round holds one global model and waits for every node.
+    global_step = strategy.needs_coordinator and getattr(strategy.coordinator, "round_kind", None) is not None
     safeguard = _typed(algo_table.get("safeguard", False), bool, "algorithm.safeguard")
     algorithm = AlgorithmSpec(algo_name, dict(params), safeguard)
     train = _dataclass_from_table(TrainConfig, raw.get("train", {}), "train")
@@ -191,13 +197,16 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
     Topology.parse(runtime.topology).check(nodes)
-    if safeguard and strategy_class(algo_name).needs_coordinator:
+    conflict = strategy.privacy_conflict(privacy.mode)
+    if conflict:
+        raise ConfigError("privacy.mode", f"{algo_name}: {conflict}")
+    if safeguard and global_step:
         raise ConfigError("algorithm.safeguard", f"{algo_name} trains one global model with its coordinator; the "
                                                  "safeguard is for personalized (serverless) algorithms")
     if safeguard and data.val_fraction <= 0:
         raise ConfigError("algorithm.safeguard", "scores the models on each node's validation split: "
                                                  "set data.val_fraction > 0")
-    if runtime.participation < 1 and strategy_class(algo_name).needs_coordinator:
+    if runtime.participation < 1 and global_step:
         raise ConfigError("runtime.participation", f"{algo_name} has a coordinator, which waits for every node; "
                                                    "partial participation needs a serverless algorithm")
     return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,

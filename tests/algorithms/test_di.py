@@ -12,17 +12,21 @@ import torch
 from p2pfl.algorithms import build_strategy
 from p2pfl.algorithms.di import DI, STATS_KEYS
 from p2pfl.models import body_features
-from p2pfl.coordinator.aggregators import (
-    DIAggregator,
-    FedAvgGlobalAggregator,
-    GAAggregator,
-    Submission,
-    build_aggregator,
-)
+from p2pfl.algorithms import build_coordinator_half
+from p2pfl.algorithms.global_model import DIHalf, FedAvgGlobalHalf, GAHalf
 from p2pfl.core.dia import dia_weights, influence_distribution
 from p2pfl.errors import ConfigError
 from p2pfl.models import cnn, load_part, part_state
-from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, RoundContext
+from p2pfl.runtime.strategy import (
+    COORDINATOR_ID,
+    ArtefactSink,
+    CoordinatorEnv,
+    Fetch,
+    PeerModel,
+    Reply,
+    RoundContext,
+    Submission,
+)
 from p2pfl.training import LocalTrainer, TrainConfig
 
 CLASSES = 3
@@ -84,8 +88,16 @@ def run_round(strategy, ctx: RoundContext) -> Submission:
     return Submission(ctx.node_id, dict(push.tensors), dict(push.meta))
 
 
-def global_from(update, round_: int) -> PeerModel:
-    return PeerModel(COORDINATOR_ID, "global", round_, round_, update.state, {"weights": update.weights})
+def global_from(update: Reply, round_: int) -> PeerModel:
+    return PeerModel(COORDINATOR_ID, "global", round_, round_, update.parts["global"], dict(update.meta))
+
+
+def env(rounds: int = 3) -> CoordinatorEnv:
+    return CoordinatorEnv(model=cnn(1, 8, CLASSES), rounds=rounds, seed=0, num_classes=CLASSES, nodes=())
+
+
+def weights(update: Reply) -> dict[str, float]:
+    return update.meta["weights"]
 
 
 # ---- registry and node side -------------------------------------------------------------------------
@@ -186,21 +198,21 @@ def round_one() -> list[Submission]:
 
 
 def test_fedavg_global_weights_follow_n_train(round_one: list[Submission]) -> None:
-    update = FedAvgGlobalAggregator().aggregate(1, round_one)
-    assert update.weights == pytest.approx({"good": 0.4, "small": 0.2, "shuffled": 0.4})
+    update = FedAvgGlobalHalf(env()).aggregate(1, round_one)
+    assert weights(update) == pytest.approx({"good": 0.4, "small": 0.2, "shuffled": 0.4})
     expected = sum(w * s.state["head.bias"] for w, s in zip([0.4, 0.2, 0.4], round_one))
-    torch.testing.assert_close(update.state["head.bias"], expected)
+    torch.testing.assert_close(update.model["head.bias"], expected)
 
 
 def test_di_weights_match_dia(round_one: list[Submission]) -> None:
     xi = [s.meta["xi"] for s in round_one]
     phi = [s.meta["phi"] for s in round_one]
-    update = DIAggregator(alpha=0.8, beta=2.0).aggregate(1, round_one)
+    update = DIHalf(env(), alpha=0.8, beta=2.0).aggregate(1, round_one)
     expected = dia_weights(xi, phi, alpha=0.8, beta=2.0)
-    assert [update.weights[s.node_id] for s in round_one] == pytest.approx(expected.tolist())
+    assert [weights(update)[s.node_id] for s in round_one] == pytest.approx(expected.tolist())
     assert update.info["ablation"] == "full" and update.info["xi"]["good"] == xi[0]
     # ... and the global state is the ω-weighted average
-    torch.testing.assert_close(update.state["head.bias"], sum(w * s.state["head.bias"] for w, s in zip(expected, round_one)))
+    torch.testing.assert_close(update.model["head.bias"], sum(w * s.state["head.bias"] for w, s in zip(expected, round_one)))
 
 
 def test_what_dia_says_about_shuffled_labels(round_one: list[Submission]) -> None:
@@ -216,10 +228,10 @@ def test_what_dia_says_about_shuffled_labels(round_one: list[Submission]) -> Non
     """
     good, _, shuffled = round_one
     assert shuffled.meta["phi"] > good.meta["phi"]
-    phi_only = DIAggregator(alpha=math.inf, beta=1.0).aggregate(1, round_one).weights
+    phi_only = weights(DIHalf(env(), alpha=math.inf, beta=1.0).aggregate(1, round_one))
     assert phi_only["shuffled"] < phi_only["good"]
     assert good.meta["xi"] < shuffled.meta["xi"] < 0
-    full = DIAggregator().aggregate(1, round_one).weights
+    full = weights(DIHalf(env()).aggregate(1, round_one))
     assert full["shuffled"] > full["good"]
 
 
@@ -235,12 +247,12 @@ def test_di_ablations(round_one: list[Submission]) -> None:
     xi = [s.meta["xi"] for s in round_one]
     phi = [s.meta["phi"] for s in round_one]
     ids = [s.node_id for s in round_one]
-    none = DIAggregator(dic=False, dia=False).aggregate(1, round_one).weights
-    assert none == pytest.approx(FedAvgGlobalAggregator().aggregate(1, round_one).weights)
-    dic_only = DIAggregator(dic=True, dia=False).aggregate(1, round_one).weights
+    none = weights(DIHalf(env(), dic=False, dia=False).aggregate(1, round_one))
+    assert none == pytest.approx(weights(FedAvgGlobalHalf(env()).aggregate(1, round_one)))
+    dic_only = weights(DIHalf(env(), dic=True, dia=False).aggregate(1, round_one))
     assert [dic_only[i] for i in ids] == pytest.approx(influence_distribution(xi).tolist())
-    dia_only = DIAggregator(dic=False, dia=True, alpha=0.1).aggregate(1, round_one)
-    assert [dia_only.weights[i] for i in ids] == pytest.approx(dia_weights(None, phi, alpha=0.1).tolist())
+    dia_only = DIHalf(env(), dic=False, dia=True, alpha=0.1).aggregate(1, round_one)
+    assert [weights(dia_only)[i] for i in ids] == pytest.approx(dia_weights(None, phi, alpha=0.1).tolist())
     assert dia_only.info["w1"] == pytest.approx([1 / 3] * 3)
 
 
@@ -248,13 +260,13 @@ def test_non_finite_states_and_missing_stats(round_one: list[Submission]) -> Non
     good, small, shuffled = round_one
     broken = Submission("broken", {k: torch.full_like(v, math.nan) for k, v in good.state.items()}, dict(good.meta))
     no_xi = Submission("small", small.state, {**small.meta, "xi": None, "phi": float("inf")})
-    update = DIAggregator().aggregate(1, [good, no_xi, shuffled, broken])
-    assert update.weights["broken"] == 0.0 and update.info["dropped_non_finite"] == ["broken"]
+    update = DIHalf(env()).aggregate(1, [good, no_xi, shuffled, broken])
+    assert weights(update)["broken"] == 0.0 and update.info["dropped_non_finite"] == ["broken"]
     assert update.info["imputed"] == {"xi": ["small"], "phi": ["small"]}
-    assert all(torch.isfinite(v).all() for v in update.state.values())
-    assert sum(update.weights.values()) == pytest.approx(1.0)
+    assert all(torch.isfinite(v).all() for v in update.model.values())
+    assert sum(weights(update).values()) == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        DIAggregator().aggregate(1, [broken])
+        DIHalf(env()).aggregate(1, [broken])
 
 
 def ga_submission(node: str, state: dict[str, torch.Tensor], start: float | None, prev: float | None) -> Submission:
@@ -264,17 +276,17 @@ def ga_submission(node: str, state: dict[str, torch.Tensor], start: float | None
 
 def test_ga_moves_weight_toward_the_larger_gap() -> None:
     state = initial_state()
-    agg = GAAggregator(rounds=10)
+    agg = GAHalf(env(rounds=10))
     first = agg.aggregate(1, [ga_submission(n, state, 1.0, None) for n in "abc"])
-    assert first.weights == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})  # no gap in round 1
+    assert weights(first) == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})  # no gap in round 1
     gaps = {"a": 0.9, "b": 0.1, "c": 0.2}  # global loss − previous local loss on each node's val split
     second = agg.aggregate(2, [ga_submission(n, state, 1.0 + g, 1.0) for n, g in gaps.items()])
-    w = second.weights
+    w = weights(second)
     assert w["a"] > 1 / 3 > w["c"] > w["b"]
     assert second.info["step"] == pytest.approx(0.2 / 3)  # the first update, made after round 1, uses d/n
     assert all(0 <= v <= 1 for v in w.values()) and sum(w.values()) == pytest.approx(1.0)
     third = agg.aggregate(3, [ga_submission(n, state, 1.0 + g, 1.0) for n, g in gaps.items()])
-    assert third.weights["a"] > w["a"]  # the state persists and keeps moving
+    assert weights(third)["a"] > w["a"]  # the state persists and keeps moving
     assert third.info["step"] == pytest.approx(0.2 / 3 * (1 - 1 / 10))  # linear decay
     # a node without a gap (did not get the global model) is not moved
     subs = [ga_submission(n, state, 1.0 + g, 1.0) for n, g in gaps.items()]
@@ -282,12 +294,12 @@ def test_ga_moves_weight_toward_the_larger_gap() -> None:
     before = dict(agg.current)
     fourth = agg.aggregate(4, subs)
     assert fourth.info["gaps"]["c"] is None
-    assert fourth.weights["a"] > before["a"] and fourth.weights["b"] < before["b"]
+    assert weights(fourth)["a"] > before["a"] and weights(fourth)["b"] < before["b"]
 
 
 def test_ga_end_to_end_from_node_stats() -> None:
     """Two nodes through two rounds; the gap comes from the nodes' own validation losses."""
-    agg = build_aggregator("ga", {"core_size": 8}, rounds=5)  # node-only params are ignored
+    agg = build_coordinator_half("ga", {}, env(rounds=5))
     nodes = {"a": make_data(1), "b": make_data(2, shuffle_labels=True)}
     strategies = {n: build_strategy("ga") for n in nodes}
     ctxs = {n: make_ctx(n, d, seed=i) for i, (n, d) in enumerate(nodes.items())}
@@ -302,15 +314,19 @@ def test_ga_end_to_end_from_node_stats() -> None:
     gaps = update.info["gaps"]
     assert gaps["a"] is not None and gaps["b"] is not None
     larger = max(gaps, key=gaps.get)
-    assert update.weights[larger] > 0.5
-    assert all(torch.equal(ctxs["a"].model.state_dict()[k], update.state[k]) for k in update.state)
+    assert weights(update)[larger] > 0.5
+    assert all(torch.equal(ctxs["a"].model.state_dict()[k], update.model[k]) for k in update.model)
 
 
-def test_build_aggregator() -> None:
-    assert isinstance(build_aggregator("fedavg_global", {}), FedAvgGlobalAggregator)
-    di = build_aggregator("di", {"alpha": 0.5, "core_size": 10, "damping": 0.1, "dia": False}, rounds=3)
-    assert isinstance(di, DIAggregator) and di.alpha == 0.5 and not di.dia
-    with pytest.raises(ValueError):
-        build_aggregator("ga", {})
-    with pytest.raises(ValueError):
-        build_aggregator("fedavg", {})
+def test_one_registration_splits_the_parameters_between_the_halves() -> None:
+    di = build_coordinator_half("di", {"alpha": 0.5, "core_size": 10, "damping": 0.1, "dia": False, "dic": False}, env())
+    assert isinstance(di, DIHalf) and di.alpha == 0.5 and not di.dia and not di.dic
+    node = build_strategy("di", {"alpha": 0.5, "core_size": 10, "dic": False})
+    assert node.core_size == 10 and not node.dic  # `dic` is read by both halves
+    assert isinstance(build_coordinator_half("fedavg_global", {}, env()), FedAvgGlobalHalf)
+    with pytest.raises(ConfigError, match="algorithm.params.step"):
+        build_strategy("ga", {"step": 0.1})
+    with pytest.raises(ConfigError, match="unknown GA metric"):
+        build_strategy("ga", {"fair_metric": "f1"})  # a coordinator parameter, checked when the scenario loads
+    with pytest.raises(ConfigError, match="no coordinator half"):
+        build_coordinator_half("fedavg", {}, env())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -184,3 +185,31 @@ def test_eq4_terms() -> None:
     assert float(distillation(logits, logits)) == pytest.approx(0.0, abs=1e-7)
     p, q = F.softmax(logits, 1), F.softmax(logits.flip(1), 1)
     assert float(distillation(logits, logits.flip(1))) == pytest.approx(float((p * (p / q).log()).sum(1).mean()), rel=1e-5)
+
+
+def test_federated_training_is_fedavg_of_local_runs() -> None:
+    from p2pfl.core.client2vec import federated_dsa_ign
+
+    g = torch.Generator().manual_seed(6)
+    data = [(F.normalize(torch.randn(n, 16, generator=g), dim=1), F.normalize(torch.randn(n, 16, generator=g), dim=1))
+            for n in (12, 20, 8)]
+    training = IndexTraining(epochs=2, batch_size=8)
+    torch.manual_seed(0)
+    model = DSAIGN(SMALL)
+    start = copy.deepcopy(model)
+    chosen = federated_dsa_ign(model, data, rounds=1, fraction=0.5, training=training,
+                               rng=np.random.default_rng(1), generator=torch.Generator().manual_seed(2))
+    assert len(chosen) == 1 and len(chosen[0]) == 2
+    # by hand: the same two local runs, in the same order, with the same generator stream
+    gen = torch.Generator().manual_seed(2)
+    states, sizes = [], []
+    for i in chosen[0]:
+        local = copy.deepcopy(start)
+        train_dsa_ign(local, *data[i], training, generator=gen)
+        states.append(local.state_dict())
+        sizes.append(len(data[i][0]))
+    for key, value in model.state_dict().items():
+        expected = sum(s[key] * n for s, n in zip(states, sizes)) / sum(sizes)
+        torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="fraction"):
+        federated_dsa_ign(model, data, rounds=1, fraction=0.0, training=training, rng=np.random.default_rng(0))

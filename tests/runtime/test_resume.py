@@ -134,7 +134,7 @@ def test_the_coordinator_resumes_with_its_model_and_aggregator_state(tmp_path: P
     run_in_process(nodes, coordinator)
     clone = Coordinator(coordinator.config, coordinator.scenario, resume=True)
     assert clone.restore() == 2
-    assert clone.aggregator.state_dict() == coordinator.aggregator.state_dict() != {}
+    assert clone.half.state_dict() == coordinator.half.state_dict() != {}
     assert clone.rounds == json.loads(json.dumps(coordinator.rounds))
     for k, v in coordinator.model.state_dict().items():
         assert torch.equal(clone.model.state_dict()[k], v), k

@@ -1,11 +1,12 @@
-"""The coordinator's aggregation logic, as pure classes (no HTTP, no files).
+"""Coordinator halves of the global-model algorithms (`fedavg_global`, `ga`, `di`): pure, no HTTP.
 
-The service collects one `Submission` per node and round (the node's trained state and the
-statistics of its `stats` push, keys in `p2pfl.algorithms.di.STATS_KEYS`) and calls
-`Aggregator.aggregate(round, submissions)`, which returns the new global state, each
-node's weight and a JSON-able `info` for the round's record.
+Nodes push `kind="stats"` every round: the trained full state and the statistics in
+`p2pfl.algorithms.di.STATS_KEYS`. The coordinator service collects one `Submission` per node
+and calls `aggregate(round, submissions)`, which returns a `Reply`: the new global model as
+part "global" for every node (meta: each node's weight), as `model` for the service's
+held-out scoring and checkpoints, and a JSON-able `info` for the round's record.
 
-Common to all aggregators:
+Common to all three:
 
 * a submission whose state holds NaN or ±inf is dropped (weight 0, listed in
   `info["dropped_non_finite"]`): one diverged node must not poison the global model, and
@@ -13,23 +14,22 @@ Common to all aggregators:
 * submissions with weight 0 are left out of the average;
 * `weights` covers every submission of the round and sums to 1.
 
-`build_aggregator(name, params, rounds=...)` maps an algorithm name to its aggregator and
-takes the parameters it knows from the scenario's `[algorithm.params]` (the node-side ones,
-like `core_size`, are ignored here; `build_strategy` has validated all of them).
+Each class is the `coordinator` of its strategy in `p2pfl.algorithms.di`: one registration.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from p2pfl.core.influence import weighted_average
+from p2pfl.models import part_spec
+from p2pfl.runtime.metadata import STATS_META
+from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, PartDecl, Reply, Submission
 from p2pfl.core.dia import (
     GA_DEFAULT_STEP,
     dia,
@@ -40,20 +40,6 @@ from p2pfl.core.dia import (
     validate_dia_params,
     validate_ga_params,
 )
-
-
-@dataclass(frozen=True)
-class Submission:
-    node_id: str
-    state: dict[str, torch.Tensor]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class GlobalUpdate:
-    state: dict[str, torch.Tensor]
-    weights: dict[str, float]
-    info: dict[str, Any]
 
 
 def _finite_state(state: Mapping[str, torch.Tensor]) -> bool:
@@ -74,10 +60,14 @@ def _n_train(sub: Submission) -> float:
     return n if n is not None and n > 0 else 1.0
 
 
-class Aggregator:
+class GlobalModelHalf(CoordinatorHalf):
     """Base: drops non-finite states, asks `weights` for the rest, averages."""
 
     name: ClassVar[str] = ""
+    round_kind = "stats"
+
+    def expected(self, kind: str) -> PartDecl | None:
+        return PartDecl(part_spec(self.env.model, "full"), STATS_META) if kind == "stats" else None
 
     def weights(self, round_: int, submissions: Sequence[Submission]) -> tuple[np.ndarray, dict[str, Any]]:
         """Weights (non-negative, summing to 1, in submission order) and info for the record."""
@@ -91,7 +81,7 @@ class Aggregator:
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state across rounds, got {sorted(state)}")
 
-    def aggregate(self, round_: int, submissions: list[Submission]) -> GlobalUpdate:
+    def aggregate(self, round_: int, submissions: list[Submission]) -> Reply:
         if not submissions:
             raise ValueError(f"round {round_}: nothing to aggregate")
         usable = [s for s in submissions if _finite_state(s.state)]
@@ -104,10 +94,10 @@ class Aggregator:
         weights = {s.node_id: 0.0 for s in submissions}
         weights.update({s.node_id: float(x) for s, x in zip(usable, w)})
         info = {"rule": self.name, **info, "dropped_non_finite": dropped}
-        return GlobalUpdate(state, weights, info)
+        return Reply(parts={"global": state}, meta={"weights": weights}, model=state, info=info)
 
 
-class FedAvgGlobalAggregator(Aggregator):
+class FedAvgGlobalHalf(GlobalModelHalf):
     """ω ∝ n_train (McMahan et al.)."""
 
     name = "fedavg_global"
@@ -117,7 +107,7 @@ class FedAvgGlobalAggregator(Aggregator):
         return n / n.sum(), {}
 
 
-class GAAggregator(Aggregator):
+class GAHalf(GlobalModelHalf):
     """FedDG-GA's generalization adjustment (formula and defaults in `p2pfl.core.dia`).
 
     State across rounds: the current weight a_k of every node seen so far (initially 1/n).
@@ -135,15 +125,21 @@ class GAAggregator(Aggregator):
 
     name = "ga"
 
-    def __init__(self, rounds: int, step_size: float = GA_DEFAULT_STEP, fair_metric: str = "loss", center: bool = True) -> None:
-        if rounds < 1:
-            raise ValueError(f"GA needs the total number of rounds (>= 1), got {rounds}")
-        validate_ga_params(float(step_size), fair_metric)
-        self.rounds = int(rounds)
+    def __init__(self, env: CoordinatorEnv, step_size: float = GA_DEFAULT_STEP, fair_metric: str = "loss",
+                 center: bool = True) -> None:
+        super().__init__(env)
+        if env.rounds < 1:
+            raise ValueError(f"GA needs the total number of rounds (>= 1), got {env.rounds}")
+        self.validate(step_size, fair_metric, center)
+        self.rounds = int(env.rounds)
         self.step_size = float(step_size)
         self.metric = fair_metric
         self.center = bool(center)
         self.current: dict[str, float] = {}
+
+    @staticmethod
+    def validate(step_size: float = GA_DEFAULT_STEP, fair_metric: str = "loss", center: bool = True) -> None:
+        validate_ga_params(float(step_size), fair_metric)
 
     def state_dict(self) -> dict[str, Any]:
         return {"current": dict(self.current)}
@@ -178,7 +174,7 @@ class GAAggregator(Aggregator):
         return a, {"gaps": dict(zip(ids, gaps)), "step": step, "metric": self.metric}
 
 
-class DIAggregator(Aggregator):
+class DIHalf(GlobalModelHalf):
     """DIA (DI eq. 12–15) with the Table-4 ablations (see `p2pfl.algorithms.di`).
 
     Missing or non-finite statistics: a node without a finite ξ is given the smallest finite
@@ -191,18 +187,25 @@ class DIAggregator(Aggregator):
 
     def __init__(
         self,
+        env: CoordinatorEnv,
         alpha: float = 1.0,
         beta: float = 1.0,
         dic: bool = True,
         dia: bool = True,
         xi_mapping: str = "shift",
     ) -> None:
-        validate_dia_params(float(alpha), float(beta), xi_mapping)
+        super().__init__(env)
+        self.validate(alpha, beta, dic, dia, xi_mapping)
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.dic = bool(dic)
         self.dia = bool(dia)
         self.mapping = xi_mapping
+
+    @staticmethod
+    def validate(alpha: float = 1.0, beta: float = 1.0, dic: bool = True, dia: bool = True,
+                 xi_mapping: str = "shift") -> None:
+        validate_dia_params(float(alpha), float(beta), xi_mapping)
 
     @staticmethod
     def _impute(values: list[float | None], fill: str) -> tuple[list[float] | None, list[int]]:
@@ -237,22 +240,3 @@ class DIAggregator(Aggregator):
             w1=terms.w1.tolist(), w2=terms.w2.tolist(),
         )
         return terms.omega, info
-
-
-AGGREGATORS: dict[str, type[Aggregator]] = {
-    cls.name: cls for cls in (FedAvgGlobalAggregator, GAAggregator, DIAggregator)
-}
-
-
-def build_aggregator(algorithm_name: str, params: Mapping[str, Any] | None = None, *, rounds: int | None = None) -> Aggregator:
-    """The aggregator of a coordinator algorithm, from the scenario's name and parameters."""
-    if algorithm_name not in AGGREGATORS:
-        raise ValueError(f"{algorithm_name!r} has no coordinator aggregator; choose one of {sorted(AGGREGATORS)}")
-    cls = AGGREGATORS[algorithm_name]
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    kwargs = {k: v for k, v in dict(params or {}).items() if k in accepted and k != "rounds"}
-    if "rounds" in accepted:
-        if rounds is None:
-            raise ValueError(f"{algorithm_name} needs the total number of rounds")
-        kwargs["rounds"] = rounds
-    return cls(**kwargs)

@@ -1,0 +1,384 @@
+"""Client2Vec (Guo et al., seed 004): client index vectors built before training, and their three uses.
+
+Before round 1 (`setup`) every node encodes its training data with the frozen encoder pair
+(`p2pfl.models.encoders`: image embedding D, label embedding L) and gets its index
+beta = [beta^f ; beta^l] (`p2pfl.core.client2vec`):
+
+* `strategy = "global"`: the node pushes one batch of 128 (D, L) pairs to the coordinator
+  (kind "batch"); the coordinator half trains DSA-IGN on the union and answers with it
+  (part "setup.dsa_ign"); the node computes beta over all its training samples. The batch is
+  data-derived: 128 image embeddings with their exact labels (the label codes give them away),
+  512 KiB per node, counted in the setup's bytes. Refused under DP-SGD.
+* `index = "mean_embedding"`: the baseline index (mean D in place of beta^f); no DSA-IGN, no coordinator.
+
+Then every node publishes its index (part "setup.index") and fetches its peers'. The training
+rounds are decentralised FedAvg over `ceil(fraction * M)` peers a round (M peers), with the
+three uses as switches, so the paper's ablation rows are one strategy:
+
+* all off: the K peers are drawn uniformly at random, weights ∝ n_train (the "FedAvg" row);
+* (i) `sampling`: eq. 1 draws the K peers (softmax of S / tau, exclusion window);
+* (ii) `aggregation`: eq. 3 weights the cohort (prior q ∝ n_train, history gamma, heat);
+* (iii) `local`: eq. 4 in local training, with weight `mu` (default 5.0 under the global
+  strategy, 1.0 otherwise, as the paper's Table 1): a projection P of the body's features,
+  the mean |z_P B^f| over all nodes' unit beta^f, and KL(logits of z || logits of z_P) through a
+  second classifier; P and that classifier stay on the node. `projection = "fixed"` freezes
+  P (a trainable P can zero the orthogonality term without changing z); ||P B^f|| is recorded.
+
+Readings of the paper (cohorts, windows, zero vectors) are in `p2pfl.core.client2vec`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from p2pfl.algorithms import register
+from p2pfl.core.client2vec import (
+    DSAIGN,
+    LOSS_TERMS,
+    ClientIndex,
+    DSAIGNConfig,
+    IndexTraining,
+    aggregation_weights,
+    client_index,
+    cohort_similarity,
+    distillation,
+    draw_without_replacement,
+    exclusion_window,
+    mean_embedding_index,
+    orthogonality_to_indices,
+    sampling_probabilities,
+    train_dsa_ign,
+)
+from p2pfl.core.influence import weighted_average
+from p2pfl.models import SplitModel, load_part, part_state
+from p2pfl.models.encoders import build_image_encoder, build_label_encoder, encode_images
+from p2pfl.runtime.metadata import MAX_SAMPLES, MetaField
+from p2pfl.runtime.strategy import (
+    COORDINATOR_ID,
+    CoordinatorEnv,
+    CoordinatorHalf,
+    Fetch,
+    PartDecl,
+    PeerModel,
+    Push,
+    Reply,
+    RoundContext,
+    Strategy,
+    Submission,
+    setup_part,
+)
+from p2pfl.training import FitResult
+
+STRATEGIES = ("global",)
+INDICES = ("client2vec", "mean_embedding")
+PROJECTIONS = ("trainable", "fixed")
+BATCH = 128  # the paper's upload: one batch of (D, L) pairs per node
+N_TRAIN_META = {"n_train": MetaField("int", 1, MAX_SAMPLES, required=True)}
+
+
+def _state_spec(module: nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in module.state_dict().items()}
+
+
+def dsa_ign_config(embed_dim: int, d_model: int, heads: int, layers: int, ff_dim: int, dropout: float,
+                   positional: bool, orth: str, losses: list[str] | tuple[str, ...]) -> DSAIGNConfig:
+    return DSAIGNConfig(embed_dim=int(embed_dim), d_model=int(d_model), heads=int(heads), layers=int(layers),
+                        ff_dim=int(ff_dim), dropout=float(dropout), positional=bool(positional), orth=str(orth),
+                        losses=tuple(losses))
+
+
+class Client2VecHalf(CoordinatorHalf):
+    """The GLOBAL strategy's coordinator: trains DSA-IGN on every node's batch, once, before round 1."""
+
+    setup_kind = "batch"
+
+    def __init__(self, env: CoordinatorEnv, embed_dim: int = 512, d_model: int = 32, heads: int = 8, layers: int = 3,
+                 ff_dim: int = 256, dropout: float = 0.1, positional: bool = True, orth: str = "cosine",
+                 losses: tuple[str, ...] = LOSS_TERMS, index_epochs: int = 60, index_lr: float = 1e-3) -> None:
+        super().__init__(env)
+        self.config = dsa_ign_config(embed_dim, d_model, heads, layers, ff_dim, dropout, positional, orth, losses)
+        self.training = IndexTraining(epochs=int(index_epochs), batch_size=BATCH, lr=float(index_lr))
+
+    def expected(self, kind: str) -> PartDecl | None:
+        if kind != "batch":
+            return None
+        shape = ((BATCH, self.config.embed_dim), "float32")
+        return PartDecl({"d": shape, "l": shape}, N_TRAIN_META)
+
+    def setup(self, submissions: list[Submission]) -> Reply:
+        t0 = time.perf_counter()
+        d = torch.cat([s.state["d"].float().cpu() for s in submissions])
+        lab = torch.cat([s.state["l"].float().cpu() for s in submissions])
+        if not (torch.isfinite(d).all() and torch.isfinite(lab).all()):
+            finite = [s for s in submissions if torch.isfinite(s.state["d"]).all() and torch.isfinite(s.state["l"]).all()]
+            if not finite:
+                raise ValueError("every node's batch holds non-finite embeddings")
+            d = torch.cat([s.state["d"].float().cpu() for s in finite])
+            lab = torch.cat([s.state["l"].float().cpu() for s in finite])
+        torch.manual_seed(self.env.seed)
+        model = DSAIGN(self.config)
+        log = train_dsa_ign(model, d, lab, self.training, generator=torch.Generator().manual_seed(self.env.seed))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return Reply(parts={setup_part("dsa_ign"): state},
+                     info={"samples": int(d.shape[0]), "steps": log.steps, "last_losses": log.last,
+                           "seconds": time.perf_counter() - t0})
+
+
+@register
+class Client2Vec(Strategy):
+    """Decentralised FedAvg over K peers a round, with Client2Vec's sampling, aggregation and local training."""
+
+    name = "client2vec"
+    coordinator = Client2VecHalf
+    shared_parts = ("full",)
+
+    def __init__(
+        self,
+        strategy: str = "global",
+        index: str = "client2vec",
+        sampling: bool = True,
+        aggregation: bool = True,
+        local: bool = True,
+        fraction: float = 0.2,
+        tau: float = 1.0,
+        gamma: float = 0.5,
+        heat: float = 1.0,
+        mu: float | None = None,
+        projection: str = "trainable",
+        image_encoder: str = "random_cnn",
+        label_encoder: str = "orthonormal",
+        label_prompt: str = "a photo of the digit {label}",
+        embed_dim: int = 512,
+        d_model: int = 32,
+        heads: int = 8,
+        layers: int = 3,
+        ff_dim: int = 256,
+        dropout: float = 0.1,
+        positional: bool = True,
+        orth: str = "cosine",
+        losses: tuple[str, ...] = LOSS_TERMS,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r} (the federated strategy is not built yet)")
+        if index not in INDICES:
+            raise ValueError(f"index must be one of {INDICES}, got {index!r}")
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if not tau > 0 or not heat > 0 or not 0 <= gamma <= 1:
+            raise ValueError(f"tau > 0, heat > 0 and gamma in [0, 1] are required, got {tau}, {heat}, {gamma}")
+        self.strategy, self.index_kind = strategy, index
+        self.sampling, self.aggregation, self.local = bool(sampling), bool(aggregation), bool(local)
+        self.fraction, self.tau, self.gamma, self.heat = float(fraction), float(tau), float(gamma), float(heat)
+        self.mu = float(mu) if mu is not None else (5.0 if strategy == "global" else 1.0)
+        if self.mu < 0:
+            raise ValueError(f"mu must be >= 0, got {mu}")
+        self.projection = projection
+        self.encoders = (image_encoder, label_encoder, label_prompt)
+        self.config = dsa_ign_config(embed_dim, d_model, heads, layers, ff_dim, dropout, positional, orth, losses)
+        # Learnt in setup and across rounds.
+        self.indices: dict[str, ClientIndex] = {}
+        self.n_train: dict[str, int] = {}
+        self.history: dict[str, float] = {}
+        self.last_cohort: list[str] = []
+        self.last_drawn: dict[str, int] = {}  # peer -> the last round it was downloaded
+        self._eq4: Eq4 | None = None
+
+    @property
+    def needs_coordinator(self) -> bool:
+        return self.index_kind == "client2vec"
+
+    def privacy_conflict(self, mode: str) -> str | None:
+        if mode != "dp-sgd":
+            return None
+        if self.needs_coordinator:
+            return ("the global strategy sends 128 image embeddings with their exact labels to the coordinator, "
+                    "outside DP-SGD's accounting; use index = \"mean_embedding\" or no DP-SGD")
+        if self.local and self.mu > 0:
+            return "eq. 4 trains a projection and a second classifier outside the private model; set local = false"
+        return None
+
+    def extra_parts(self, model: SplitModel) -> dict[str, PartDecl]:
+        dim = self.config.embed_dim
+        return {
+            setup_part("dsa_ign"): PartDecl(_state_spec(DSAIGN(self.config))),
+            setup_part("index"): PartDecl({"feature": ((dim,), "float32"), "label": ((dim,), "float32")}, N_TRAIN_META),
+        }
+
+    # ---- before round 1 ------------------------------------------------------------------------
+    def embeddings(self, ctx: RoundContext) -> tuple[torch.Tensor, torch.Tensor]:
+        image, label, prompt = self.encoders
+        dim = self.config.embed_dim
+        encoder = build_image_encoder(image, dim, ctx.seed)
+        labels = build_label_encoder(label, ctx.model.num_classes, dim, ctx.seed, prompt=prompt)
+        train = ctx.data.train
+        return encode_images(encoder, train.x.cpu()), labels(train.y.cpu())
+
+    def setup(self, ctx: RoundContext) -> None:
+        if ctx.exchange is None:
+            raise RuntimeError("client2vec needs the runtime's setup exchange (ctx.exchange)")
+        t0 = time.perf_counter()
+        d, lab = self.embeddings(ctx)
+        if self.index_kind == "mean_embedding":
+            own = mean_embedding_index(d, lab)
+        else:
+            rows = torch.as_tensor(ctx.rng.choice(len(d), size=BATCH, replace=len(d) < BATCH))
+            ctx.log(f"{ctx.node_id}: sending {BATCH} image embeddings with their labels to the coordinator "
+                    "(Client2Vec's global strategy; they are derived from the node's data)")
+            ctx.exchange.push(1, [Push(COORDINATOR_ID, kind="batch", part="batch",
+                                       tensors={"d": d[rows].contiguous(), "l": lab[rows].contiguous()},
+                                       meta={"n_train": len(ctx.data.train)})])
+            replies = ctx.exchange.fetch(1, [Fetch(COORDINATOR_ID, "dsa_ign")])
+            if not replies:
+                raise RuntimeError("no DSA-IGN from the coordinator before coordinator_wait_s")
+            model = DSAIGN(self.config)
+            model.load_state_dict(replies[0].tensors)
+            own = client_index(model.cpu(), d, lab)
+        self.indices = {ctx.node_id: own}
+        self.n_train = {ctx.node_id: len(ctx.data.train)}
+        ctx.exchange.publish(2, {"index": {"feature": own.feature.float(), "label": own.label.float()}}, {})
+        for m in ctx.exchange.fetch(2, [Fetch(peer, "index") for peer in ctx.peers]):
+            self.indices[m.sender] = ClientIndex(m.tensors["feature"].float().cpu(), m.tensors["label"].float().cpu())
+            self.n_train[m.sender] = m.n_train
+        missing = sorted(set(ctx.peers) - set(self.indices))
+        if missing:
+            ctx.log(f"{ctx.node_id}: no index from {missing}; they count as dissimilar (S = 0)")
+        ctx.artefacts.record("client2vec", {
+            "strategy": self.strategy if self.index_kind == "client2vec" else "mean_embedding",
+            "index": own.full.tolist(), "feature_index": own.feature.tolist(),
+            "seconds": time.perf_counter() - t0, "peers_without_index": missing,
+        })
+
+    # ---- rounds ----------------------------------------------------------------------------------
+    def per_round(self, ctx: RoundContext) -> int:
+        return max(1, math.ceil(self.fraction * len(ctx.peers)))
+
+    def similarity(self, cohort: list[str], candidate: str) -> float:
+        known = [c for c in cohort if c in self.indices]
+        if candidate not in self.indices or not known:
+            return 0.0
+        return cohort_similarity(self.indices, self.n_train, known, candidate)
+
+    def configure_fetch(self, ctx: RoundContext) -> list[Fetch]:
+        peers = [p for p in ctx.peers if p not in ctx.departed]
+        if not peers:
+            return []
+        k = self.per_round(ctx)
+        if self.sampling and ctx.round > 1:
+            window = exclusion_window(len(peers), k)
+            excluded = {p for p, r in self.last_drawn.items() if ctx.round - r <= window}
+            cohort = [ctx.node_id, *self.last_cohort]
+            probs = sampling_probabilities({p: self.similarity(cohort, p) for p in peers}, self.tau, excluded)
+            drawn = draw_without_replacement(probs, k, ctx.rng)
+            ctx.artefacts.record("sampling_probabilities", probs)
+        else:  # round 1 of (i), and the FedAvg row: uniform
+            drawn = sorted(ctx.rng.choice(peers, size=min(k, len(peers)), replace=False).tolist())
+        for p in drawn:
+            self.last_drawn[p] = ctx.round
+        ctx.artefacts.record("drawn", drawn)
+        return [Fetch(p, "full") for p in drawn]
+
+    def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
+        models = [m for m in arrived if m.part == "full"]
+        cohort = [ctx.node_id] + [m.sender for m in models]
+        self.last_cohort = cohort[1:]
+        for m in models:
+            self.n_train.setdefault(m.sender, m.n_train)
+        sizes = {ctx.node_id: float(len(ctx.data.train)), **{m.sender: float(m.n_train) for m in models}}
+        if self.aggregation:
+            for i in self.indices:
+                self.history[i] = self.gamma * self.history.get(i, 0.0) + self.similarity(cohort, i)
+            total = sum(sizes.values())
+            weights = aggregation_weights(self.history, {c: sizes[c] / total for c in cohort}, self.heat)
+        else:
+            total = sum(sizes.values())
+            weights = {c: sizes[c] / total for c in cohort}
+        ctx.artefacts.record("weights", weights)
+        if not models:
+            return
+        states = [part_state(ctx.model, "full")] + [m.tensors for m in models]
+        load_part(ctx.model, weighted_average(states, [weights[c] for c in cohort]))
+
+    def fit(self, ctx: RoundContext) -> FitResult:
+        if not self.local or self.mu == 0:
+            return ctx.trainer.fit(ctx.model, ctx.data.train)
+        if self._eq4 is None:
+            feature_indices = torch.stack([i.feature for i in self.indices.values()], dim=1)
+            self._eq4 = Eq4(ctx.model, feature_indices, self.mu, trainable=self.projection == "trainable", seed=ctx.seed)
+        eq4 = self._eq4
+        with eq4.capturing(ctx.model):
+            result = ctx.trainer.fit(ctx.model, ctx.data.train, params=[*ctx.model.parameters(), *eq4.parameters()],
+                                     regularizer=eq4.loss)
+        ctx.artefacts.record("eq4", eq4.summary())
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": dict(self.history), "last_cohort": list(self.last_cohort), "last_drawn": dict(self.last_drawn)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = {str(k): float(v) for k, v in state["history"].items()}
+        self.last_cohort = [str(x) for x in state["last_cohort"]]
+        self.last_drawn = {str(k): int(v) for k, v in state["last_drawn"].items()}
+
+
+class Eq4(nn.Module):
+    """Eq. 4's extra terms on the body's features z of the batch being trained (read by a forward hook)."""
+
+    def __init__(self, model: SplitModel, feature_indices: torch.Tensor, mu: float, *, trainable: bool, seed: int) -> None:
+        super().__init__()
+        device = next(model.parameters()).device
+        g = torch.Generator().manual_seed(seed + 7)
+        dim = feature_indices.shape[0]
+        self.projection = nn.Parameter(torch.randn(model.feature_dim, dim, generator=g) / math.sqrt(model.feature_dim),
+                                       requires_grad=trainable)
+        self.classifier = nn.Linear(dim, model.num_classes)
+        self.register_buffer("feature_indices", feature_indices.float())
+        self.mu = mu
+        self.to(device)
+        self._z: torch.Tensor | None = None
+        self._last: dict[str, float] = {}
+
+    def capturing(self, model: SplitModel) -> "_Hook":
+        return _Hook(self, model)
+
+    def loss(self, model: nn.Module) -> torch.Tensor:
+        z = self._z
+        if z is None:
+            raise RuntimeError("eq. 4: no features captured for this batch")
+        self._z = None
+        z = z.flatten(1)
+        z_p = z @ self.projection
+        orth = orthogonality_to_indices(z_p, self.feature_indices)
+        logits = model.head(z)  # type: ignore[operator]
+        dist = distillation(logits, self.classifier(z_p))
+        self._last = {"orth": float(orth.detach()), "distill": float(dist.detach())}
+        return self.mu * (orth + dist)
+
+    def summary(self) -> dict[str, float]:
+        with torch.no_grad():
+            norm = float((self.projection @ torch.nn.functional.normalize(self.feature_indices, dim=0)).norm())
+        return {**self._last, "projection_times_indices_norm": norm, "mu": self.mu}
+
+
+class _Hook:
+    def __init__(self, eq4: Eq4, model: SplitModel) -> None:
+        self.eq4, self.model = eq4, model
+        self.handle: Any = None
+
+    def __enter__(self) -> "_Hook":
+        def keep(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+            self.eq4._z = output
+
+        self.handle = self.model.body.register_forward_hook(keep)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.remove()
+        self.eq4._z = None
+

@@ -1,0 +1,135 @@
+"""Client2Vec's node half in-process: eq. 4 off is plain training, the three switches, validation."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from p2pfl.algorithms import build_strategy, needs_coordinator
+from p2pfl.algorithms.client2vec import Client2Vec
+from p2pfl.core.client2vec import ClientIndex, aggregation_weights, cohort_similarity, exclusion_window
+from p2pfl.errors import ConfigError
+from p2pfl.models import cnn, part_state
+from p2pfl.runtime.strategy import ArtefactSink, PeerModel, RoundContext
+
+from .test_di import CLASSES, make_data
+
+PEERS = tuple(f"node-{i}" for i in range(1, 10))
+
+
+def make_ctx(round_: int = 1, seed: int = 0) -> RoundContext:
+    from p2pfl.training import LocalTrainer, TrainConfig
+
+    torch.manual_seed(0)
+    return RoundContext(
+        node_id="node-0", round=round_, rounds=5, peers=PEERS, model=cnn(1, 8, CLASSES), data=make_data(1),
+        trainer=LocalTrainer(TrainConfig(epochs=1, batch_size=16), seed=seed), rng=np.random.default_rng(seed),
+        artefacts=ArtefactSink("node-0", None), log=lambda _: None, seed=3,
+    )
+
+
+def with_indices(strategy: Client2Vec, dim: int = 16) -> Client2Vec:
+    g = torch.Generator().manual_seed(1)
+    for i, node in enumerate(("node-0",) + PEERS):
+        strategy.indices[node] = ClientIndex(torch.randn(dim, generator=g), torch.rand(dim, generator=g))
+        strategy.n_train[node] = 50 + 10 * i
+    return strategy
+
+
+def test_mu_zero_and_local_off_train_exactly_as_without_eq4() -> None:
+    plain = make_ctx()
+    plain.trainer.fit(plain.model, plain.data.train)
+    for params in ({"mu": 0.0}, {"local": False}):
+        ctx = make_ctx()
+        with_indices(build_strategy("client2vec", params)).fit(ctx)
+        for key, value in part_state(plain.model, "full").items():
+            assert torch.equal(value, part_state(ctx.model, "full")[key]), (params, key)
+
+
+def test_eq4_changes_training_and_keeps_its_parts_local() -> None:
+    plain = make_ctx()
+    plain.trainer.fit(plain.model, plain.data.train)
+    ctx = make_ctx()
+    strategy = with_indices(build_strategy("client2vec", {"mu": 5.0}))
+    strategy.fit(ctx)
+    assert set(part_state(ctx.model, "full")) == set(part_state(plain.model, "full"))  # P is not shared
+    assert any(not torch.equal(v, part_state(ctx.model, "full")[k]) for k, v in part_state(plain.model, "full").items())
+    record = ctx.artefacts.records["eq4"]
+    assert record["mu"] == 5.0 and record["orth"] >= 0 and record["distill"] >= 0
+    fixed = with_indices(build_strategy("client2vec", {"projection": "fixed"}))
+    before = None
+    for _ in range(2):
+        fixed.fit(make_ctx())
+        now = fixed._eq4.projection.detach().clone()
+        assert before is None or torch.equal(before, now)
+        before = now
+
+
+def test_sampling_uses_eq1_over_the_previous_cohort_with_the_exclusion_window() -> None:
+    strategy = with_indices(build_strategy("client2vec", {"fraction": 0.2, "tau": 0.5}))
+    ctx = make_ctx(round_=1)
+    first = strategy.configure_fetch(ctx)
+    k = math.ceil(0.2 * len(PEERS))
+    assert len(first) == k and "sampling_probabilities" not in ctx.artefacts.records  # round 1: uniform
+    strategy.last_cohort = [f.peer for f in first]
+    ctx2 = make_ctx(round_=2)
+    second = strategy.configure_fetch(ctx2)
+    probs = ctx2.artefacts.records["sampling_probabilities"]
+    assert sum(probs.values()) == pytest.approx(1.0) and len(second) == k
+    assert exclusion_window(len(PEERS), k) == 2  # floor(9 / 4)
+    for f in first:
+        assert probs[f.peer] == 0.0  # drawn last round: inside the window
+    cohort = ["node-0", *strategy.last_cohort]
+    open_ = [p for p in PEERS if probs[p] > 0]
+    logits = {p: cohort_similarity(strategy.indices, strategy.n_train, cohort, p) / 0.5 for p in open_}
+    z = sum(math.exp(v) for v in logits.values())
+    for p in open_:
+        assert probs[p] == pytest.approx(math.exp(logits[p]) / z)
+
+
+def test_aggregation_weights_are_eq3_and_the_fedavg_row_is_sample_weighted() -> None:
+    strategy = with_indices(build_strategy("client2vec", {"gamma": 0.5, "heat": 2.0}))
+    ctx = make_ctx()
+    torch.manual_seed(5)
+    others = {p: part_state(cnn(1, 8, CLASSES), "full") for p in ("node-3", "node-7")}
+    arrived = [PeerModel(p, "full", 1, 1, {k: v.clone() for k, v in s.items()}, {"n_train": strategy.n_train[p]})
+               for p, s in others.items()]
+    own = {k: v.clone() for k, v in part_state(ctx.model, "full").items()}
+    strategy.aggregate(ctx, arrived)
+    cohort = ["node-0", "node-3", "node-7"]
+    history = {i: cohort_similarity(strategy.indices, strategy.n_train, cohort, i) for i in strategy.indices}
+    sizes = {"node-0": float(len(ctx.data.train)), "node-3": 80.0, "node-7": 120.0}
+    total = sum(sizes.values())
+    expected = aggregation_weights(history, {c: sizes[c] / total for c in cohort}, 2.0)
+    assert ctx.artefacts.records["weights"] == pytest.approx(expected)
+    key = "head.bias"
+    mixed = expected["node-0"] * own[key] + sum(expected[p] * others[p][key] for p in others)
+    torch.testing.assert_close(part_state(ctx.model, "full")[key], mixed)
+    plain = with_indices(build_strategy("client2vec", {"aggregation": False}))
+    ctx2 = make_ctx()
+    plain.aggregate(ctx2, copy.deepcopy(arrived))
+    assert ctx2.artefacts.records["weights"] == pytest.approx({c: sizes[c] / total for c in cohort})
+
+
+def test_parameters_and_conflicts_are_refused_with_the_field() -> None:
+    assert needs_coordinator("client2vec", {}) and not needs_coordinator("client2vec", {"index": "mean_embedding"})
+    with pytest.raises(ConfigError, match="algorithm.params.sampler"):
+        build_strategy("client2vec", {"sampler": True})
+    with pytest.raises(ConfigError, match="federated strategy is not built"):
+        build_strategy("client2vec", {"strategy": "federated"})
+    with pytest.raises(ConfigError, match="orth"):
+        build_strategy("client2vec", {"orth": "l2"})
+    assert "exact labels" in build_strategy("client2vec", {}).privacy_conflict("dp-sgd")
+    assert build_strategy("client2vec", {"index": "mean_embedding", "local": False}).privacy_conflict("dp-sgd") is None
+
+
+def test_the_scenario_refuses_the_global_strategy_under_dp_sgd() -> None:
+    from p2pfl.scenario.schema import load_scenario
+
+    with pytest.raises(ConfigError, match="privacy.mode: client2vec: the global strategy sends 128 image embeddings"):
+        load_scenario("scenarios/client2vec_digits.toml", ['privacy.mode="dp-sgd"', "privacy.noise_multiplier=1.0"])
+    load_scenario("scenarios/client2vec_digits.toml", [])

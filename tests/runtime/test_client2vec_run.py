@@ -1,0 +1,73 @@
+"""Client2Vec through real processes: the setup exchange with the coordinator, shared indices, report."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pfl.report import report_run
+from p2pfl.scenario.launcher import run_scenario
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = """
+name = "c2v_tiny"
+nodes = 4
+seed = 0
+rounds = 2
+
+[data]
+dataset = "digits"
+partition = "domain"
+domains = ["mnist", "mnistm"]
+nodes_per_domain = 2
+domain_split = "dirichlet"
+alpha = 0.5
+min_size = 20
+samples_per_node = 160
+
+[model]
+name = "lenet"
+
+[algorithm]
+name = "client2vec"
+
+[algorithm.params]
+fraction = 0.5
+index_epochs = 3
+{extra}
+
+[runtime]
+fetch_timeout_s = 60
+coordinator_wait_s = 120
+linger_s = 10
+"""
+
+
+def test_global_strategy_builds_indices_through_the_coordinator(tmp_path):
+    path = tmp_path / "c2v.toml"
+    path.write_text(SCENARIO.format(extra=""))
+    results, code = run_scenario(path, tmp_path / "run", progress=False, quiet=True)
+    assert code == 0, results["summary"]
+    coordinator = results["coordinator"]
+    assert coordinator["status"] == "ok" and coordinator["rounds"] == []
+    setup = coordinator["setup"]
+    assert setup["submitted"] == ["node-0", "node-1", "node-2", "node-3"] and setup["info"]["samples"] == 4 * 128
+    # the data-derived upload is counted: 128 x (512 + 512) float32 per node, at least
+    assert setup["bytes_received"] >= 4 * 128 * 1024 * 4
+    c2v = results["client2vec"]
+    assert c2v["strategy"] == "global" and sorted(c2v["indices"]) == ["node-0", "node-1", "node-2", "node-3"]
+    assert all(len(v) == 1024 for v in c2v["indices"].values())
+    assert all(len(v) == 512 for v in c2v["feature_indices"].values())
+    for node in results["nodes"]:
+        assert node["status"] == "ok" and node["setup"]["bytes_sent"] >= 128 * 1024 * 4
+        assert [len(r["strategy"]["drawn"]) for r in node["rounds"]] == [2, 2]  # ceil(0.5 x 3)
+        assert "eq4" in node["rounds"][0]["strategy"]
+    assert any(p.name == "client_indices.png" for p in report_run(tmp_path / "run"))
+
+
+def test_mean_embedding_index_needs_no_coordinator(tmp_path):
+    path = tmp_path / "c2v.toml"
+    path.write_text(SCENARIO.format(extra='index = "mean_embedding"\nlocal = false'))
+    results, code = run_scenario(path, tmp_path / "run", progress=False, quiet=True)
+    assert code == 0, results["summary"]
+    assert results["coordinator"] is None and results["client2vec"]["strategy"] == "mean_embedding"
