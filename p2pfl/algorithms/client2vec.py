@@ -33,6 +33,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -74,11 +75,12 @@ from p2pfl.runtime.strategy import (
 )
 from p2pfl.training import FitResult
 
-STRATEGIES = ("global",)
+STRATEGIES = ("global", "federated")
 INDICES = ("client2vec", "mean_embedding")
 PROJECTIONS = ("trainable", "fixed")
 BATCH = 128  # the paper's upload: one batch of (D, L) pairs per node
 N_TRAIN_META = {"n_train": MetaField("int", 1, MAX_SAMPLES, required=True)}
+OPTIONAL_N_TRAIN = {"n_train": MetaField("int", 1, MAX_SAMPLES)}  # peers' DSA-IGN steps carry it, the coordinator's not
 
 
 def _state_spec(module: nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -162,9 +164,13 @@ class Client2Vec(Strategy):
         positional: bool = True,
         orth: str = "cosine",
         losses: tuple[str, ...] = LOSS_TERMS,
+        index_rounds: int = 100,
+        index_fraction: float = 0.1,
+        index_local_epochs: int = 10,
+        index_lr: float = 1e-3,
     ) -> None:
         if strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r} (the federated strategy is not built yet)")
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if index not in INDICES:
             raise ValueError(f"index must be one of {INDICES}, got {index!r}")
         if projection not in PROJECTIONS:
@@ -182,6 +188,10 @@ class Client2Vec(Strategy):
         self.projection = projection
         self.encoders = (image_encoder, label_encoder, label_prompt)
         self.config = dsa_ign_config(embed_dim, d_model, heads, layers, ff_dim, dropout, positional, orth, losses)
+        if index_rounds < 1 or not 0 < index_fraction <= 1 or index_local_epochs < 1:
+            raise ValueError("index_rounds >= 1, index_fraction in (0, 1] and index_local_epochs >= 1 are required")
+        self.index_rounds, self.index_fraction = int(index_rounds), float(index_fraction)
+        self.local_training = IndexTraining(epochs=int(index_local_epochs), batch_size=BATCH, lr=float(index_lr))
         # Learnt in setup and across rounds.
         self.indices: dict[str, ClientIndex] = {}
         self.n_train: dict[str, int] = {}
@@ -192,12 +202,12 @@ class Client2Vec(Strategy):
 
     @property
     def needs_coordinator(self) -> bool:
-        return self.index_kind == "client2vec"
+        return self.index_kind == "client2vec" and self.strategy == "global"
 
     def privacy_conflict(self, mode: str) -> str | None:
         if mode != "dp-sgd":
             return None
-        if self.needs_coordinator:
+        if self.needs_coordinator:  # the federated strategy shares DSA-IGN weights only, like FedAvg
             return ("the global strategy sends 128 image embeddings with their exact labels to the coordinator, "
                     "outside DP-SGD's accounting; use index = \"mean_embedding\" or no DP-SGD")
         if self.local and self.mu > 0:
@@ -207,7 +217,7 @@ class Client2Vec(Strategy):
     def extra_parts(self, model: SplitModel) -> dict[str, PartDecl]:
         dim = self.config.embed_dim
         return {
-            setup_part("dsa_ign"): PartDecl(_state_spec(DSAIGN(self.config))),
+            setup_part("dsa_ign"): PartDecl(_state_spec(DSAIGN(self.config)), OPTIONAL_N_TRAIN),
             setup_part("index"): PartDecl({"feature": ((dim,), "float32"), "label": ((dim,), "float32")}, N_TRAIN_META),
         }
 
@@ -225,8 +235,13 @@ class Client2Vec(Strategy):
             raise RuntimeError("client2vec needs the runtime's setup exchange (ctx.exchange)")
         t0 = time.perf_counter()
         d, lab = self.embeddings(ctx)
+        index_step = 2
         if self.index_kind == "mean_embedding":
             own = mean_embedding_index(d, lab)
+        elif self.strategy == "federated":
+            model = self.federated(ctx, d, lab)
+            own = client_index(model, d, lab)
+            index_step = self.index_rounds + 1
         else:
             rows = torch.as_tensor(ctx.rng.choice(len(d), size=BATCH, replace=len(d) < BATCH))
             ctx.log(f"{ctx.node_id}: sending {BATCH} image embeddings with their labels to the coordinator "
@@ -236,14 +251,14 @@ class Client2Vec(Strategy):
                                        meta={"n_train": len(ctx.data.train)})])
             replies = ctx.exchange.fetch(1, [Fetch(COORDINATOR_ID, "dsa_ign")])
             if not replies:
-                raise RuntimeError("no DSA-IGN from the coordinator before coordinator_wait_s")
+                raise RuntimeError("no DSA-IGN from the coordinator within runtime.setup_wait_s")
             model = DSAIGN(self.config)
             model.load_state_dict(replies[0].tensors)
             own = client_index(model.cpu(), d, lab)
         self.indices = {ctx.node_id: own}
         self.n_train = {ctx.node_id: len(ctx.data.train)}
-        ctx.exchange.publish(2, {"index": {"feature": own.feature.float(), "label": own.label.float()}}, {})
-        for m in ctx.exchange.fetch(2, [Fetch(peer, "index") for peer in ctx.peers]):
+        ctx.exchange.publish(index_step, {"index": {"feature": own.feature.float(), "label": own.label.float()}}, {})
+        for m in ctx.exchange.fetch(index_step, [Fetch(peer, "index") for peer in ctx.peers]):
             self.indices[m.sender] = ClientIndex(m.tensors["feature"].float().cpu(), m.tensors["label"].float().cpu())
             self.n_train[m.sender] = m.n_train
         missing = sorted(set(ctx.peers) - set(self.indices))
@@ -254,6 +269,56 @@ class Client2Vec(Strategy):
             "index": own.full.tolist(), "feature_index": own.feature.tolist(),
             "seconds": time.perf_counter() - t0, "peers_without_index": missing,
         })
+
+    def federated(self, ctx: RoundContext, d: torch.Tensor, lab: torch.Tensor) -> DSAIGN:
+        """The FEDERATED strategy, peer to peer: FedAvg of DSA-IGN over `index_rounds` steps.
+
+        Who trains in step s is a draw every node makes alike from the scenario's seed (no
+        server to sample): ceil(index_fraction * N) of the N nodes. A node drawn in step s
+        starts from the average of step s-1's models (fetched from the nodes drawn then; all
+        start from the same seeded initialisation), trains `index_local_epochs` on its own
+        (D, L) with a fresh Adam, and publishes the result as step s. After the last step every
+        node averages the last step's models, so all end with the same DSA-IGN."""
+        assert ctx.exchange is not None
+        ids = sorted([ctx.node_id, *ctx.peers])
+        k = max(1, math.ceil(self.index_fraction * len(ids)))
+        draws = np.random.default_rng([ctx.seed, 0xC2F]).random((self.index_rounds, len(ids))).argsort(axis=1)[:, :k]
+        chosen = [sorted(ids[i] for i in row) for row in draws]
+        torch.manual_seed(ctx.seed)
+        model = DSAIGN(self.config)
+        generator = torch.Generator().manual_seed(int(ctx.rng.integers(2**31)))
+        own_models: dict[int, dict[str, torch.Tensor]] = {}
+
+        def average(step: int) -> None:
+            """`model` becomes the sample-weighted mean of the models trained in `step`."""
+            states, sizes = [], []
+            if step in own_models:
+                states.append(own_models[step])
+                sizes.append(float(len(d)))
+            others = [p for p in chosen[step - 1] if p != ctx.node_id]
+            for m in ctx.exchange.fetch(step, [Fetch(p, "dsa_ign") for p in others]):  # type: ignore[union-attr]
+                states.append(m.tensors)
+                sizes.append(float(m.n_train))
+            if states:  # nothing arrived: keep the model we have
+                model.load_state_dict(weighted_average(states, sizes))
+
+        trained = 0
+        for step in range(1, self.index_rounds + 1):
+            if ctx.node_id not in chosen[step - 1]:
+                continue
+            if step > 1:
+                average(step - 1)
+            local = DSAIGN(self.config)
+            local.load_state_dict(model.state_dict())
+            train_dsa_ign(local, d, lab, self.local_training, generator=generator)
+            own_models[step] = {k: v.detach().clone() for k, v in local.state_dict().items()}
+            ctx.exchange.publish(step, {"dsa_ign": own_models[step]}, {})
+            trained += 1
+        average(self.index_rounds)
+        digest = float(sum(v.double().sum() for v in model.state_dict().values()))
+        ctx.artefacts.record("dsa_ign", {"steps_trained": trained, "steps": self.index_rounds, "per_step": k,
+                                         "state_sum": digest})
+        return model.eval()
 
     # ---- rounds ----------------------------------------------------------------------------------
     def per_round(self, ctx: RoundContext) -> int:

@@ -167,7 +167,9 @@ class Node:
         return {"id": self.config.id, "round": self.round, "done": self.done}
 
     # ---- the round loop -------------------------------------------------------------------
-    async def gather(self, fetches: list[Fetch], round_: int) -> list[PeerModel]:
+    async def gather(self, fetches: list[Fetch], round_: int, wait: float | None = None) -> list[PeerModel]:
+        """`wait`: the longest wait for each fetch (default: fetch_timeout_s for a peer,
+        coordinator_wait_s for the coordinator)."""
         timeout = self.scenario.runtime.fetch_timeout_s
         loop = asyncio.get_running_loop()
         self.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in self.endpoint.peers}
@@ -180,8 +182,9 @@ class Node:
                 # Gone last round and not answering now (killed, or its machine is down): one
                 # quick probe instead of fetch_timeout_s in every later round.
                 return None
-            wait = self.scenario.runtime.coordinator_wait_s if fetch.peer == COORDINATOR_ID else timeout
-            fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, round_, wait))
+            longest = wait if wait is not None else (
+                self.scenario.runtime.coordinator_wait_s if fetch.peer == COORDINATOR_ID else timeout)
+            fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, round_, longest))
             pushed = self.awaiting[(fetch.peer, fetch.part)]
             try:
                 await asyncio.wait({fetched, pushed}, return_when=asyncio.FIRST_COMPLETED)
@@ -547,9 +550,9 @@ class NodeSetupExchange:
             raise RuntimeError(f"setup step {step}: {refused} did not take this node's push (see their rejections)")
 
     def fetch(self, step: int, fetches: Any) -> list[PeerModel]:
-        """Waits as rounds do: fetch_timeout_s for a peer, coordinator_wait_s for the coordinator."""
+        """Waits up to setup_wait_s: a step may need many earlier ones (other nodes' training) first."""
         named = [Fetch(f.peer, setup_part(f.part)) for f in fetches]
-        return self._run(self.node.gather(named, step))
+        return self._run(self.node.gather(named, step, wait=self.node.scenario.runtime.setup_wait_s))
 
 
 def epsilon_for_json(epsilon: float | None) -> float | str | None:

@@ -192,6 +192,39 @@ class PartStore:
             return self.latest
 
 
+class SetupStore(PartStore):
+    """Every setup step a node published, kept: a read of step s gets the earliest step >= s that
+    holds the part, so a peer that is ahead never hides the step a slower one still needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list[Published] = []
+
+    async def publish(self, published: Published) -> None:
+        self.history.append(published)
+        await super().publish(published)
+
+    async def withdraw(self) -> None:
+        self.history.clear()
+        await super().withdraw()
+
+    def earliest(self, min_version: int, part: str) -> Published | None:
+        for published in self.history:
+            if published.version >= min_version and (part in published.bodies or part in published.addressed):
+                return published
+        return None
+
+    async def wait_for_part(self, min_version: int, timeout: float, part: str) -> Published | None:
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.withdrawn or self.earliest(min_version, part) is not None),
+                    timeout=max(timeout, 0.0))
+            except asyncio.TimeoutError:
+                pass
+            return self.earliest(min_version, part)
+
+
 class Endpoint:
     def __init__(
         self,
@@ -234,7 +267,7 @@ class Endpoint:
         self.store = PartStore()
         # Parts named "setup.*" (the exchange before round 1) have their own versions, so setup
         # steps never shadow a round's parts.
-        self.setup_store = PartStore()
+        self.setup_store = SetupStore()
         # Sequence numbers from the clock (microseconds): a restarted node goes on above every
         # number its peers saw from it before, so they never take its new messages for replays.
         self._seq = itertools.count(time.time_ns() // 1000)
@@ -347,9 +380,12 @@ class Endpoint:
             return self._reject(requester, 429, f"{self._reads_by_peer[requester]} reads from {requester} already waiting",
                                 kind="too_many_requests")
         self._reads_by_peer[requester] = self._reads_by_peer.get(requester, 0) + 1
-        store = self.setup_store if part.startswith(SETUP_PREFIX) else self.store
+        store: PartStore = self.setup_store if part.startswith(SETUP_PREFIX) else self.store
         try:
-            published = await store.wait_for(min_version, wait)
+            if part.startswith(SETUP_PREFIX):
+                published = await self.setup_store.wait_for_part(min_version, wait, part)
+            else:
+                published = await store.wait_for(min_version, wait)
         finally:
             self._reads_by_peer[requester] -= 1
         if published is None:

@@ -79,9 +79,10 @@ PLACEMENTS = ("process", "shared", "ray")
 @dataclass(frozen=True)
 class RuntimeSpec:
     fetch_timeout_s: float = 60.0     # longest wait for a peer's version of this round
-    coordinator_wait_s: float = 120.0  # a node's longest wait for the coordinator's reply (a round's, the setup's)
+    coordinator_wait_s: float = 120.0  # a node's longest wait for the coordinator's reply to a round
     first_submission_wait_s: float = 240.0  # the coordinator's longest wait for a round's first node (nodes train)
     straggler_wait_s: float = 60.0    # then the coordinator's longest wait for the round's other nodes
+    setup_wait_s: float = 1800.0      # a node's longest wait for a peer's or the coordinator's step before round 1
     connect_retry_s: float = 0.25     # first backoff step when a peer is not up yet
     message_limit_mb: float = 64.0    # largest accepted message (aiohttp's default is 1 MiB)
     accept_stale: bool = True         # use a peer's older version when the wanted one is late
@@ -101,7 +102,7 @@ class RuntimeSpec:
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
-                     "coordinator_wait_s", "first_submission_wait_s", "straggler_wait_s"):
+                     "coordinator_wait_s", "first_submission_wait_s", "straggler_wait_s", "setup_wait_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"runtime.{name}", f"must be > 0, got {getattr(self, name)}")
         if self.placement not in PLACEMENTS:

@@ -119,8 +119,10 @@ def test_parameters_and_conflicts_are_refused_with_the_field() -> None:
     assert needs_coordinator("client2vec", {}) and not needs_coordinator("client2vec", {"index": "mean_embedding"})
     with pytest.raises(ConfigError, match="algorithm.params.sampler"):
         build_strategy("client2vec", {"sampler": True})
-    with pytest.raises(ConfigError, match="federated strategy is not built"):
-        build_strategy("client2vec", {"strategy": "federated"})
+    with pytest.raises(ConfigError, match="strategy must be one of"):
+        build_strategy("client2vec", {"strategy": "central"})
+    assert not needs_coordinator("client2vec", {"strategy": "federated"})
+    assert build_strategy("client2vec", {"strategy": "federated"}).mu == 1.0  # the paper's weight for it
     with pytest.raises(ConfigError, match="orth"):
         build_strategy("client2vec", {"orth": "l2"})
     assert "exact labels" in build_strategy("client2vec", {}).privacy_conflict("dp-sgd")

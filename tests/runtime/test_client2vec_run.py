@@ -71,3 +71,17 @@ def test_mean_embedding_index_needs_no_coordinator(tmp_path):
     results, code = run_scenario(path, tmp_path / "run", progress=False, quiet=True)
     assert code == 0, results["summary"]
     assert results["coordinator"] is None and results["client2vec"]["strategy"] == "mean_embedding"
+
+
+def test_federated_strategy_trains_one_dsa_ign_peer_to_peer(tmp_path):
+    path = tmp_path / "c2v.toml"
+    path.write_text(SCENARIO.format(extra='strategy = "federated"\nindex_rounds = 4\nindex_fraction = 0.5\n'
+                                          'index_local_epochs = 1\nff_dim = 32\nlayers = 1'))
+    results, code = run_scenario(path, tmp_path / "run", progress=False, quiet=True)
+    assert code == 0, results["summary"]
+    assert results["coordinator"] is None and results["client2vec"]["strategy"] == "federated"
+    records = [n["setup"]["strategy"]["dsa_ign"] for n in results["nodes"]]
+    assert sum(r["steps_trained"] for r in records) == 4 * 2  # ceil(0.5 x 4) nodes in each of 4 steps
+    sums = [r["state_sum"] for r in records]  # every node ends with the same DSA-IGN (up to summation order)
+    assert max(sums) - min(sums) <= 1e-4 * max(1.0, abs(sums[0]))
+    assert len({tuple(v) for v in results["client2vec"]["feature_indices"].values()}) == 4  # own data, own index
