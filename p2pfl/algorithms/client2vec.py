@@ -210,6 +210,9 @@ class Client2Vec(Strategy):
         if self.needs_coordinator:  # the federated strategy shares DSA-IGN weights only, like FedAvg
             return ("the global strategy sends 128 image embeddings with their exact labels to the coordinator, "
                     "outside DP-SGD's accounting; use index = \"mean_embedding\" or no DP-SGD")
+        if self.index_kind == "client2vec":
+            return ("the federated strategy shares DSA-IGN weights trained on the node's data before round 1, "
+                    "outside DP-SGD's accounting; use index = \"mean_embedding\" or no DP-SGD")
         if self.local and self.mu > 0:
             return "eq. 4 trains a projection and a second classifier outside the private model; set local = false"
         return None
