@@ -40,6 +40,7 @@ from torch import nn
 from p2pfl.algorithms import register
 from p2pfl.core.client2vec import (
     DSAIGN,
+    FEATURE_MEANS,
     LOSS_TERMS,
     ClientIndex,
     DSAIGNConfig,
@@ -168,11 +169,15 @@ class Client2Vec(Strategy):
         index_fraction: float = 0.1,
         index_local_epochs: int = 10,
         index_lr: float = 1e-3,
+        feature_mean: str = "samples",
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if index not in INDICES:
             raise ValueError(f"index must be one of {INDICES}, got {index!r}")
+        if feature_mean not in FEATURE_MEANS:
+            raise ValueError(f"feature_mean must be one of {FEATURE_MEANS}, got {feature_mean!r}")
+        self.feature_mean = feature_mean
         if projection not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
         if not 0 < fraction <= 1:
@@ -243,7 +248,7 @@ class Client2Vec(Strategy):
             own = mean_embedding_index(d, lab)
         elif self.strategy == "federated":
             model = self.federated(ctx, d, lab)
-            own = client_index(model, d, lab)
+            own = client_index(model, d, lab, self.feature_mean)
             index_step = self.index_rounds + 1
         else:
             rows = torch.as_tensor(ctx.rng.choice(len(d), size=BATCH, replace=len(d) < BATCH))
@@ -257,7 +262,7 @@ class Client2Vec(Strategy):
                 raise RuntimeError("no DSA-IGN from the coordinator within runtime.setup_wait_s")
             model = DSAIGN(self.config)
             model.load_state_dict(replies[0].tensors)
-            own = client_index(model.cpu(), d, lab)
+            own = client_index(model.cpu(), d, lab, self.feature_mean)
         self.indices = {ctx.node_id: own}
         self.n_train = {ctx.node_id: len(ctx.data.train)}
         ctx.exchange.publish(index_step, {"index": {"feature": own.feature.float(), "label": own.label.float()}}, {})

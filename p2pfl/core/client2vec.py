@@ -268,8 +268,22 @@ class ClientIndex:
         return torch.cat([self.feature, self.label])
 
 
-def client_index(model: DSAIGN, d: torch.Tensor, label_embedding: torch.Tensor) -> ClientIndex:
-    return ClientIndex(sample_feature_indices(model, d).mean(0), label_embedding.mean(0))
+FEATURE_MEANS = ("samples", "balanced")
+
+
+def client_index(model: DSAIGN, d: torch.Tensor, label_embedding: torch.Tensor, feature_mean: str = "samples") -> ClientIndex:
+    """beta^f as the paper's mean of u^f over the samples (`"samples"`), or `"balanced"`: the mean
+    over the node's classes of each class's mean u^f, so that the node's label proportions,
+    which beta^l already carries, do not move beta^f (u^f still carries some label information)."""
+    u = sample_feature_indices(model, d)
+    if feature_mean == "samples":
+        feature = u.mean(0)
+    elif feature_mean == "balanced":
+        _, label_of = torch.unique(label_embedding, dim=0, return_inverse=True)
+        feature = torch.stack([u[label_of == c].mean(0) for c in label_of.unique()]).mean(0)
+    else:
+        raise ValueError(f"feature_mean must be one of {FEATURE_MEANS}, got {feature_mean!r}")
+    return ClientIndex(feature, label_embedding.mean(0))
 
 
 def mean_embedding_index(d: torch.Tensor, label_embedding: torch.Tensor) -> ClientIndex:

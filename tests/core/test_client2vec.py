@@ -213,3 +213,21 @@ def test_federated_training_is_fedavg_of_local_runs() -> None:
         torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="fraction"):
         federated_dsa_ign(model, data, rounds=1, fraction=0.0, training=training, rng=np.random.default_rng(0))
+
+
+def test_the_balanced_feature_index_ignores_label_proportions() -> None:
+    g = torch.Generator().manual_seed(7)
+    labels = F.normalize(torch.randn(3, 16, generator=g), dim=1)
+    y = torch.arange(3).repeat(10)
+    d = F.normalize(torch.randn(30, 16, generator=g), dim=1)
+    torch.manual_seed(0)
+    model = DSAIGN(SMALL).eval()
+    # the same samples with class 0 five times over: the proportions change, the classes do not
+    heavy = torch.cat([d] + [d[y == 0]] * 4)
+    heavy_y = torch.cat([y] + [y[y == 0]] * 4)
+    a = client_index(model, d, labels[y], "balanced")
+    b = client_index(model, heavy, labels[heavy_y], "balanced")
+    torch.testing.assert_close(a.feature, b.feature, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(client_index(model, d, labels[y]).feature, client_index(model, heavy, labels[heavy_y]).feature)
+    with pytest.raises(ValueError, match="feature_mean"):
+        client_index(model, d, labels[y], "median")
