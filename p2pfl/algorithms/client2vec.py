@@ -169,7 +169,7 @@ class Client2Vec(Strategy):
         index_fraction: float = 0.1,
         index_local_epochs: int = 10,
         index_lr: float = 1e-3,
-        feature_mean: str = "samples",
+        feature_mean: str = "balanced",
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
