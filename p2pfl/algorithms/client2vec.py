@@ -364,14 +364,12 @@ class Client2Vec(Strategy):
         for m in models:
             self.n_train.setdefault(m.sender, m.n_train)
         sizes = {ctx.node_id: float(len(ctx.data.train)), **{m.sender: float(m.n_train) for m in models}}
+        total = sum(sizes.values())
+        weights = {c: sizes[c] / total for c in cohort}  # the FedAvg row; eq. 3's prior q
         if self.aggregation:
             for i in self.indices:
                 self.history[i] = self.gamma * self.history.get(i, 0.0) + self.similarity(cohort, i)
-            total = sum(sizes.values())
-            weights = aggregation_weights(self.history, {c: sizes[c] / total for c in cohort}, self.heat)
-        else:
-            total = sum(sizes.values())
-            weights = {c: sizes[c] / total for c in cohort}
+            weights = aggregation_weights(self.history, weights, self.heat)
         ctx.artefacts.record("weights", weights)
         if not models:
             return

@@ -199,12 +199,10 @@ class Coordinator:
 
 
     async def publish(self, version: int, round_: int, reply: Reply) -> None:
-        def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-            return host_snapshot(tensors)
-
         await self.endpoint.publish(
-            version, round_, {name: snapshot(t) for name, t in reply.parts.items()}, dict(reply.meta),
-            addressed={name: {node: snapshot(t) for node, t in per_node.items()} for name, per_node in reply.addressed.items()},
+            version, round_, {name: host_snapshot(t) for name, t in reply.parts.items()}, dict(reply.meta),
+            addressed={name: {node: host_snapshot(t) for node, t in per_node.items()}
+                       for name, per_node in reply.addressed.items()},
         )
 
     async def run_setup(self) -> None:
