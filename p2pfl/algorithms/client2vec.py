@@ -57,7 +57,7 @@ from p2pfl.core.client2vec import (
     train_dsa_ign,
 )
 from p2pfl.core.influence import weighted_average
-from p2pfl.models import SplitModel, load_part, part_state
+from p2pfl.models import SplitModel, load_part, part_spec, part_state
 from p2pfl.models.encoders import build_image_encoder, build_label_encoder, encode_images
 from p2pfl.runtime.metadata import MAX_SAMPLES, MetaField
 from p2pfl.runtime.strategy import (
@@ -82,10 +82,6 @@ PROJECTIONS = ("trainable", "fixed")
 BATCH = 128  # the paper's upload: one batch of (D, L) pairs per node
 N_TRAIN_META = {"n_train": MetaField("int", 1, MAX_SAMPLES, required=True)}
 OPTIONAL_N_TRAIN = {"n_train": MetaField("int", 1, MAX_SAMPLES)}  # peers' DSA-IGN steps carry it, the coordinator's not
-
-
-def _state_spec(module: nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in module.state_dict().items()}
 
 
 def dsa_ign_config(embed_dim: int, d_model: int, heads: int, layers: int, ff_dim: int, dropout: float,
@@ -115,20 +111,18 @@ class Client2VecHalf(CoordinatorHalf):
 
     def setup(self, submissions: list[Submission]) -> Reply:
         t0 = time.perf_counter()
-        d = torch.cat([s.state["d"].float().cpu() for s in submissions])
-        lab = torch.cat([s.state["l"].float().cpu() for s in submissions])
-        if not (torch.isfinite(d).all() and torch.isfinite(lab).all()):
-            finite = [s for s in submissions if torch.isfinite(s.state["d"]).all() and torch.isfinite(s.state["l"]).all()]
-            if not finite:
-                raise ValueError("every node's batch holds non-finite embeddings")
-            d = torch.cat([s.state["d"].float().cpu() for s in finite])
-            lab = torch.cat([s.state["l"].float().cpu() for s in finite])
+        finite = [s for s in submissions if all(bool(torch.isfinite(s.state[k]).all()) for k in ("d", "l"))]
+        if not finite:
+            raise ValueError("every node's batch holds non-finite embeddings")
+        d = torch.cat([s.state["d"].float().cpu() for s in finite])
+        lab = torch.cat([s.state["l"].float().cpu() for s in finite])
         torch.manual_seed(self.env.seed)
         model = DSAIGN(self.config)
         log = train_dsa_ign(model, d, lab, self.training, generator=torch.Generator().manual_seed(self.env.seed))
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return Reply(parts={setup_part("dsa_ign"): state},
                      info={"samples": int(d.shape[0]), "steps": log.steps, "last_losses": log.last,
+                           "dropped_non_finite": sorted({s.node_id for s in submissions} - {s.node_id for s in finite}),
                            "seconds": time.perf_counter() - t0})
 
 
@@ -225,7 +219,7 @@ class Client2Vec(Strategy):
     def extra_parts(self, model: SplitModel) -> dict[str, PartDecl]:
         dim = self.config.embed_dim
         return {
-            setup_part("dsa_ign"): PartDecl(_state_spec(DSAIGN(self.config)), OPTIONAL_N_TRAIN),
+            setup_part("dsa_ign"): PartDecl(part_spec(DSAIGN(self.config), "full"), OPTIONAL_N_TRAIN),
             setup_part("index"): PartDecl({"feature": ((dim,), "float32"), "label": ((dim,), "float32")}, N_TRAIN_META),
         }
 

@@ -136,3 +136,20 @@ def test_the_scenario_refuses_the_global_strategy_under_dp_sgd() -> None:
     with pytest.raises(ConfigError, match="privacy.mode: client2vec: the global strategy sends 128 image embeddings"):
         load_scenario("scenarios/client2vec_digits.toml", ['privacy.mode="dp-sgd"', "privacy.noise_multiplier=1.0"])
     load_scenario("scenarios/client2vec_digits.toml", [])
+
+
+def test_the_coordinator_half_trains_on_finite_batches_and_drops_the_rest() -> None:
+    from p2pfl.algorithms.client2vec import Client2VecHalf
+    from p2pfl.runtime.strategy import CoordinatorEnv, Submission
+
+    env = CoordinatorEnv(model=cnn(1, 8, CLASSES), rounds=1, seed=0, num_classes=CLASSES, nodes=("a", "b"))
+    half = Client2VecHalf(env, embed_dim=16, d_model=8, heads=2, layers=1, ff_dim=16, index_epochs=1)
+    g = torch.Generator().manual_seed(0)
+    good = Submission("a", {"d": torch.randn(128, 16, generator=g), "l": torch.randn(128, 16, generator=g)}, {"n_train": 200})
+    bad = Submission("b", {"d": torch.full((128, 16), math.nan), "l": torch.randn(128, 16, generator=g)}, {"n_train": 200})
+    assert half.expected("batch").spec == {"d": ((128, 16), "float32"), "l": ((128, 16), "float32")}
+    reply = half.setup([good, bad])
+    assert reply.info["samples"] == 128 and reply.info["dropped_non_finite"] == ["b"]
+    assert all(torch.isfinite(v).all() for v in reply.parts["setup.dsa_ign"].values())
+    with pytest.raises(ValueError, match="non-finite"):
+        half.setup([bad])
