@@ -58,8 +58,8 @@ class DSAIGNConfig:
     d_model: int = 32
     heads: int = 8
     layers: int = 3
-    # The paper's 2048 (PyTorch's default) makes a CPU step ~10x slower for the same index
-    # quality on the digits (benchmarks/client2vec_index.py); 2048 remains a parameter.
+    # The paper's 2048 (PyTorch's default) makes a CPU step ~6x slower (benchmarks/dsa_ign_step.py)
+    # index quality is measured at 256 (docs/client2vec.md); 2048 remains a parameter.
     ff_dim: int = 256
     dropout: float = 0.1
     positional: bool = True
