@@ -16,6 +16,7 @@ rounds are decentralised FedAvg over `ceil(fraction * M)` peers a round (M peers
 three uses as switches, so the paper's ablation rows are one strategy:
 
 * all off: the K peers are drawn uniformly at random, weights ∝ n_train (the "FedAvg" row);
+  no index is built, so the row's bytes are FedAvg's alone;
 * (i) `sampling`: eq. 1 draws the K peers (softmax of S / tau, exclusion window);
 * (ii) `aggregation`: eq. 3 weights the cohort (prior q ∝ n_train, history gamma, heat);
 * (iii) `local`: eq. 4 in local training, with weight `mu` (default 5.0 under the global
@@ -200,11 +201,16 @@ class Client2Vec(Strategy):
         self._eq4: Eq4 | None = None
 
     @property
+    def uses_index(self) -> bool:
+        """With every use switched off (the FedAvg row) no index is built, so none is sent or paid for."""
+        return self.sampling or self.aggregation or self.local
+
+    @property
     def needs_coordinator(self) -> bool:
-        return self.index_kind == "client2vec" and self.strategy == "global"
+        return self.uses_index and self.index_kind == "client2vec" and self.strategy == "global"
 
     def privacy_conflict(self, mode: str) -> str | None:
-        if mode != "dp-sgd":
+        if mode != "dp-sgd" or not self.uses_index:
             return None
         if self.needs_coordinator:  # the federated strategy shares DSA-IGN weights only, like FedAvg
             return ("the global strategy sends 128 image embeddings with their exact labels to the coordinator, "
@@ -233,6 +239,8 @@ class Client2Vec(Strategy):
         return encode_images(encoder, train.x.cpu()), labels(train.y.cpu())
 
     def setup(self, ctx: RoundContext) -> None:
+        if not self.uses_index:
+            return
         if ctx.exchange is None:
             raise RuntimeError("client2vec needs the runtime's setup exchange (ctx.exchange)")
         t0 = time.perf_counter()

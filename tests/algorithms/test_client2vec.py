@@ -153,3 +153,14 @@ def test_the_coordinator_half_trains_on_finite_batches_and_drops_the_rest() -> N
     assert all(torch.isfinite(v).all() for v in reply.parts["setup.dsa_ign"].values())
     with pytest.raises(ValueError, match="non-finite"):
         half.setup([bad])
+
+
+def test_the_fedavg_row_builds_no_index_and_needs_no_coordinator() -> None:
+    off = {"sampling": False, "aggregation": False, "local": False}
+    assert not needs_coordinator("client2vec", off)
+    strategy = build_strategy("client2vec", off)
+    assert strategy.privacy_conflict("dp-sgd") is None
+    ctx = make_ctx()
+    assert ctx.exchange is None  # an index would need the exchange and raise
+    strategy.setup(ctx)
+    assert strategy.indices == {}
