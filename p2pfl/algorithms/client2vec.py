@@ -10,6 +10,8 @@ beta = [beta^f ; beta^l] (`p2pfl.core.client2vec`):
   data-derived: 128 image embeddings with their exact labels (the label codes give them away),
   512 KiB per node, counted in the setup's bytes. Refused under DP-SGD.
 * `index = "mean_embedding"`: the baseline index (mean D in place of beta^f); no DSA-IGN, no coordinator.
+* `indices_from = "runs/x/seed{seed}/results.json"`: every node's index as an earlier run with the
+  same seed and data recorded it (the ablation's rows share one index per seed; nothing is sent).
 
 Then every node publishes its index (part "setup.index") and fetches its peers'. The training
 rounds are decentralised FedAvg over `ceil(fraction * M)` peers a round (M peers), with the
@@ -30,8 +32,11 @@ Readings of the paper (cohorts, windows, zero vectors) are in `p2pfl.core.client
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -165,6 +170,7 @@ class Client2Vec(Strategy):
         index_local_epochs: int = 10,
         index_lr: float = 1e-3,
         feature_mean: str = "balanced",
+        indices_from: str | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -199,6 +205,9 @@ class Client2Vec(Strategy):
         self.last_cohort: list[str] = []
         self.last_drawn: dict[str, int] = {}  # peer -> the last round it was downloaded
         self._eq4: Eq4 | None = None
+        # "{seed}" in the path picks each seed's run (read in setup); a fixed path is read now, to fail early.
+        self.indices_from = indices_from if self.uses_index else None
+        self.reused = read_indices(indices_from) if self.indices_from and "{seed}" not in self.indices_from else None
 
     @property
     def uses_index(self) -> bool:
@@ -207,7 +216,7 @@ class Client2Vec(Strategy):
 
     @property
     def needs_coordinator(self) -> bool:
-        return self.uses_index and self.index_kind == "client2vec" and self.strategy == "global"
+        return self.uses_index and self.indices_from is None and self.index_kind == "client2vec" and self.strategy == "global"
 
     def privacy_conflict(self, mode: str) -> str | None:
         if mode != "dp-sgd" or not self.uses_index:
@@ -240,6 +249,9 @@ class Client2Vec(Strategy):
 
     def setup(self, ctx: RoundContext) -> None:
         if not self.uses_index:
+            return
+        if self.indices_from is not None:
+            self.adopt(ctx, self.reused or read_indices(self.indices_from.format(seed=ctx.seed)))
             return
         if ctx.exchange is None:
             raise RuntimeError("client2vec needs the runtime's setup exchange (ctx.exchange)")
@@ -278,6 +290,29 @@ class Client2Vec(Strategy):
             "strategy": self.strategy if self.index_kind == "client2vec" else "mean_embedding",
             "index": own.full.tolist(), "feature_index": own.feature.tolist(),
             "seconds": time.perf_counter() - t0, "peers_without_index": missing,
+        })
+
+    def adopt(self, ctx: RoundContext, reused: "ReusedIndices") -> None:
+        """Take every node's index from an earlier run (`indices_from`) instead of building them.
+
+        The index is fixed before round 1 and does not depend on the three switches, so the
+        ablation's rows can share the one their seed built; refused unless the run had the same
+        seed, the same nodes and this node's training-set size."""
+        nodes = {ctx.node_id, *ctx.peers}
+        problems = []
+        if reused.seed != ctx.seed:
+            problems.append(f"seed {reused.seed} (this run: {ctx.seed})")
+        if set(reused.indices) != nodes:
+            problems.append(f"nodes {sorted(set(reused.indices) ^ nodes)} in one run only")
+        elif reused.n_train.get(ctx.node_id) != len(ctx.data.train):
+            problems.append(f"{ctx.node_id} trained on {reused.n_train.get(ctx.node_id)} samples (here {len(ctx.data.train)})")
+        if problems:
+            raise ValueError(f"algorithm.params.indices_from: {reused.path} was built on other data: {'; '.join(problems)}")
+        self.indices, self.n_train = dict(reused.indices), dict(reused.n_train)
+        own = self.indices[ctx.node_id]
+        ctx.artefacts.record("client2vec", {
+            "strategy": reused.strategy, "index": own.full.tolist(), "feature_index": own.feature.tolist(),
+            "seconds": 0.0, "peers_without_index": [], "indices_from": reused.path,
         })
 
     def federated(self, ctx: RoundContext, d: torch.Tensor, lab: torch.Tensor) -> DSAIGN:
@@ -398,6 +433,37 @@ class Client2Vec(Strategy):
         self.history = {str(k): float(v) for k, v in state["history"].items()}
         self.last_cohort = [str(x) for x in state["last_cohort"]]
         self.last_drawn = {str(k): int(v) for k, v in state["last_drawn"].items()}
+
+
+@dataclass(frozen=True)
+class ReusedIndices:
+    path: str
+    seed: int
+    strategy: str
+    indices: dict[str, ClientIndex]
+    n_train: dict[str, int]
+
+
+def read_indices(path: str) -> ReusedIndices:
+    """The indices an earlier run recorded in its results.json (its "client2vec" block)."""
+    field = "indices_from"
+    try:
+        results = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{field}: cannot read {path}: {exc}") from exc
+    block = results.get("client2vec") if isinstance(results, dict) else None
+    if not isinstance(block, dict):
+        raise ValueError(f"{field}: {path} holds no Client2Vec indices (not a client2vec run's results.json)")
+    try:
+        indices = {}
+        for node, full in block["indices"].items():
+            feature = torch.tensor(block["feature_indices"][node], dtype=torch.float32)
+            indices[node] = ClientIndex(feature, torch.tensor(full, dtype=torch.float32)[len(feature):])
+        n_train = {n["id"]: int(n["n_train"]) for n in results["nodes"] if n["id"] in indices}
+        seed = int(results["scenario"]["seed"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{field}: {path} has a malformed client2vec block: {exc!r}") from exc
+    return ReusedIndices(str(path), seed, str(block.get("strategy")), indices, n_train)
 
 
 class Eq4(nn.Module):

@@ -164,3 +164,54 @@ def test_the_fedavg_row_builds_no_index_and_needs_no_coordinator() -> None:
     assert ctx.exchange is None  # an index would need the exchange and raise
     strategy.setup(ctx)
     assert strategy.indices == {}
+
+
+def write_results(path, seed: int = 3, n_train: dict[str, int] | None = None) -> dict[str, ClientIndex]:
+    import json
+
+    g = torch.Generator().manual_seed(5)
+    nodes = ("node-0",) + PEERS
+    indices = {n: ClientIndex(torch.randn(4, generator=g), torch.rand(4, generator=g)) for n in nodes}
+    sizes = n_train or {n: 40 + i for i, n in enumerate(nodes)}
+    path.write_text(json.dumps({
+        "scenario": {"seed": seed},
+        "nodes": [{"id": n, "n_train": sizes[n]} for n in nodes],
+        "client2vec": {"strategy": "federated", "indices": {n: i.full.tolist() for n, i in indices.items()},
+                       "feature_indices": {n: i.feature.tolist() for n, i in indices.items()}},
+    }))
+    return indices
+
+
+def test_indices_from_an_earlier_run_are_adopted_exactly_and_refused_on_other_data(tmp_path) -> None:
+    ctx = make_ctx()
+    own = len(ctx.data.train)
+    path = tmp_path / "results.json"
+    written = write_results(path, n_train={"node-0": own, **{p: 40 for p in PEERS}})
+    strategy = build_strategy("client2vec", {"indices_from": str(path)})
+    assert not strategy.needs_coordinator  # the global strategy's coordinator is not needed to reuse
+    strategy.setup(ctx)
+    for node, index in written.items():
+        assert torch.equal(strategy.indices[node].feature, index.feature)
+        assert torch.equal(strategy.indices[node].label, index.label)
+    assert strategy.n_train["node-1"] == 40 and strategy.n_train["node-0"] == own
+
+    write_results(path, seed=4, n_train={"node-0": own, **{p: 40 for p in PEERS}})
+    with pytest.raises(ValueError, match="seed 4 \\(this run: 3\\)"):
+        build_strategy("client2vec", {"indices_from": str(path)}).setup(make_ctx())
+    write_results(path, n_train={"node-0": own + 1, **{p: 40 for p in PEERS}})
+    with pytest.raises(ValueError, match=f"node-0 trained on {own + 1} samples"):
+        build_strategy("client2vec", {"indices_from": str(path)}).setup(make_ctx())
+    with pytest.raises(ConfigError, match="indices_from: cannot read"):
+        build_strategy("client2vec", {"indices_from": str(tmp_path / "missing.json")})
+    (tmp_path / "other.json").write_text('{"nodes": []}')
+    with pytest.raises(ConfigError, match="holds no Client2Vec indices"):
+        build_strategy("client2vec", {"indices_from": str(tmp_path / "other.json")})
+
+
+def test_indices_from_with_a_seed_placeholder_reads_the_run_of_this_seed(tmp_path) -> None:
+    ctx = make_ctx()
+    (tmp_path / "seed3").mkdir()
+    written = write_results(tmp_path / "seed3" / "results.json", n_train={"node-0": len(ctx.data.train), **{p: 40 for p in PEERS}})
+    strategy = build_strategy("client2vec", {"indices_from": str(tmp_path / "seed{seed}" / "results.json")})
+    strategy.setup(ctx)  # ctx.seed == 3
+    assert torch.equal(strategy.indices["node-4"].full, written["node-4"].full)
