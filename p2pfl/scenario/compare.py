@@ -117,10 +117,18 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
         "best_aggregated": max(agg_by_round.values()) if agg_by_round else None,
         "total_bytes": results["summary"]["total_bytes"],
         "total_param_bytes": results["summary"].get("total_param_bytes"),
+        "setup_bytes": setup_bytes(results),
         "held_out_acc": results["summary"].get("held_out_acc"),
         "epsilon": results["summary"].get("max_epsilon"),
         "wall_s": results["summary"]["wall_s"],
     }
+
+
+def setup_bytes(results: Mapping[str, Any]) -> int:
+    """Bytes on the wire before round 1 (Client2Vec's index), counted where they arrive: every node's
+    setup record and the coordinator's (which records what it received, not the replies it serves)."""
+    records = [n.get("setup") or {} for n in results["nodes"]] + [(results.get("coordinator") or {}).get("setup") or {}]
+    return sum(int(r.get("bytes_received", 0)) for r in records)
 
 
 def worst_vs_baseline(runs: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -154,7 +162,8 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
     show_worst = baseline in rows and len(rows) > 1
     if show_worst:
         head.append(f"worst vs {baseline}")
-    head += ["MiB sent", "seeds"]
+    show_setup = any(r.get("setup_bytes") for runs in rows.values() for r in runs)
+    head += ["MiB sent", *(["of which before round 1"] if show_setup else []), "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, runs in rows.items():
         cells = [label]
@@ -169,6 +178,8 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
         if show_worst:
             cells.append("-" if label == baseline else _signed_cell(worst_vs_baseline(runs, rows[baseline])))
         cells.append(f"{statistics.fmean(r['total_bytes'] for r in runs) / 2**20:.1f}")
+        if show_setup:
+            cells.append(f"{statistics.fmean(r.get('setup_bytes') or 0 for r in runs) / 2**20:.1f}")
         cells.append(str(len(runs)))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
@@ -176,7 +187,9 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
                  "*best round*: the round with the highest mean, picked on the test split (optimistic); "
                  "*aggregated*: the model right after aggregation."
                  + (f" *worst vs {baseline}*: per seed, the minimum over nodes of the node's accuracy minus the same "
-                    f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds." if show_worst else ""))
+                    f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds." if show_worst else "")
+                 + (" *Of which before round 1*: the setup exchange (Client2Vec's index), counted where it "
+                    "arrives." if show_setup else ""))
     return "\n".join(lines)
 
 

@@ -119,3 +119,19 @@ def test_worst_vs_local_is_the_per_seed_minimum_of_node_gaps_against_the_same_se
     assert local_row.split(" | ")[column] == "-"
     assert fedavg_row.split(" | ")[column] == "-4.0 (6.0)"
     assert "worst vs local" not in format_table({"fedavg": fedavg})
+
+
+def test_setup_bytes_are_counted_where_they_arrive_and_get_a_column_only_when_present() -> None:
+    from p2pfl.scenario.compare import format_table, setup_bytes
+
+    results = {"nodes": [{"setup": {"bytes_received": 3 * 2**20, "bytes_sent": 5}}, {"setup": None}, {}],
+               "coordinator": {"setup": {"bytes_received": 2**20, "bytes_sent": 0}}}
+    assert setup_bytes(results) == 4 * 2**20
+    assert setup_bytes({"nodes": [{}]}) == 0
+    plain = [_summary(0, [0.5, 0.5])]
+    indexed = [{**_summary(0, [0.5, 0.5]), "setup_bytes": 4 * 2**20}]
+    assert "before round 1" not in format_table({"fedavg": plain})
+    table = format_table({"fedavg": plain, "client2vec": indexed})
+    header, _, fedavg_row, indexed_row = table.splitlines()[:4]
+    column = header.split(" | ").index("of which before round 1")
+    assert fedavg_row.split(" | ")[column] == "0.0" and indexed_row.split(" | ")[column] == "4.0"
