@@ -38,8 +38,8 @@ from p2pfl.core.client2vec import (
     IndexTraining,
     client_index,
     federated_dsa_ign,
+    group_separation,
     mean_embedding_index,
-    similarity_matrix,
     train_dsa_ign,
 )
 from p2pfl.data import build_partition
@@ -53,13 +53,8 @@ DOMAINS = ("mnist", "usps", "synth", "mnistm", "uci")
 
 def domain_gap(vectors: list[torch.Tensor], domains: list[str]) -> tuple[float, float, float, int]:
     """(same - cross, same, cross, nodes whose nearest neighbour shares their domain)."""
-    s = similarity_matrix(vectors)
-    n = len(vectors)
-    same = [s[i, j] for i in range(n) for j in range(n) if i != j and domains[i] == domains[j]]
-    cross = [s[i, j] for i in range(n) for j in range(n) if domains[i] != domains[j]]
-    nearest = [max((j for j in range(n) if j != i), key=lambda j: s[i, j]) for i in range(n)]
-    hits = sum(domains[i] == domains[nearest[i]] for i in range(n))
-    return float(np.mean(same) - np.mean(cross)), float(np.mean(same)), float(np.mean(cross)), hits
+    sep = group_separation(vectors, domains)
+    return sep.gap, sep.same, sep.cross, sep.nearest_in_group
 
 
 def run(seed: int, strategy: str, epochs: int, rounds: int, ff_dim: int, samples: int) -> dict[str, float]:

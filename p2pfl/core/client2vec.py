@@ -314,6 +314,35 @@ def similarity_matrix(vectors: Sequence[torch.Tensor]) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class GroupSeparation:
+    """How well indices separate known groups (domains): the paper's Fig. 2 read as numbers."""
+
+    same: float  # mean cosine over pairs of distinct nodes in one group
+    cross: float  # mean cosine over pairs in different groups
+    nearest_in_group: int  # nodes whose most similar other node shares their group
+    nodes: int
+
+    @property
+    def gap(self) -> float:
+        return self.same - self.cross
+
+
+def group_separation(vectors: Sequence[torch.Tensor | np.ndarray], groups: Sequence[str]) -> GroupSeparation:
+    """Same-group minus cross-group mean cosine, and nearest neighbours, of one index per node."""
+    if len(vectors) != len(groups) or len(vectors) < 2:
+        raise ValueError("one group per vector and at least two vectors are needed")
+    s = similarity_matrix(vectors)
+    n = len(vectors)
+    same = [s[i, j] for i in range(n) for j in range(n) if i != j and groups[i] == groups[j]]
+    cross = [s[i, j] for i in range(n) for j in range(n) if groups[i] != groups[j]]
+    if not same or not cross:
+        raise ValueError("needs at least one group with two nodes and at least two groups")
+    nearest = [max((j for j in range(n) if j != i), key=lambda j: s[i, j]) for i in range(n)]
+    hits = sum(groups[i] == groups[nearest[i]] for i in range(n))
+    return GroupSeparation(float(np.mean(same)), float(np.mean(cross)), hits, n)
+
+
 def cohort_similarity(
     indices: Mapping[str, ClientIndex], n_samples: Mapping[str, int], cohort: Sequence[str], candidate: str
 ) -> float:

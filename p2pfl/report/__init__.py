@@ -278,6 +278,30 @@ def plot_client_indices(results: Mapping[str, Any], out: Path) -> Path | None:
     return _save(fig, out / "client_indices.png")
 
 
+def client_index_separation(results: Mapping[str, Any], out: Path) -> Path | None:
+    """`client_indices.md`: how well β^f and β separate the nodes' domains (same-domain minus
+    cross-domain mean cosine, nearest neighbours); None without indices or without 2+ domains
+    of which one has 2+ nodes."""
+    from p2pfl.core.client2vec import group_separation
+
+    c2v = results.get("client2vec")
+    if not c2v:
+        return None
+    nodes = [n for n in results["nodes"] if n["id"] in c2v["indices"] and n.get("domain")]
+    domains = [n["domain"] for n in nodes]
+    if len(set(domains)) < 2 or len(set(domains)) == len(domains):
+        return None
+    lines = [f"Client2Vec indices ({c2v['strategy']} strategy), {len(nodes)} nodes in {len(set(domains))} domains",
+             "", "| index | same-domain cosine | cross-domain cosine | gap | nearest neighbour in own domain |",
+             "|---|---|---|---|---|"]
+    for key, name in (("feature_indices", "β^f"), ("indices", "β = [β^f ; β^l]")):
+        sep = group_separation([np.asarray(c2v[key][n["id"]]) for n in nodes], domains)
+        lines.append(f"| {name} | {sep.same:.3f} | {sep.cross:.3f} | {sep.gap:.3f} | {sep.nearest_in_group}/{sep.nodes} |")
+    path = out / "client_indices.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def plot_epsilon(results: Mapping[str, Any], out: Path) -> Path | None:
     if all(r.get("epsilon") is None for n in results["nodes"] for r in n["rounds"]):
         return None
@@ -315,7 +339,7 @@ def report_run(run_dir: Path) -> list[Path]:
         if p is not None:
             paths.append(p)
     for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out), plot_round_time(results, out),
-              plot_client_indices(results, out)):
+              plot_client_indices(results, out), client_index_separation(results, out)):
         if p is not None:
             paths.append(p)
     return paths

@@ -23,6 +23,7 @@ from p2pfl.core.client2vec import (
     distillation,
     draw_without_replacement,
     exclusion_window,
+    group_separation,
     loss_div,
     loss_orth,
     loss_recon,
@@ -231,3 +232,17 @@ def test_the_balanced_feature_index_ignores_label_proportions() -> None:
     assert not torch.allclose(client_index(model, d, labels[y]).feature, client_index(model, heavy, labels[heavy_y]).feature)
     with pytest.raises(ValueError, match="feature_mean"):
         client_index(model, d, labels[y], "median")
+
+
+def test_group_separation_by_hand() -> None:
+    # a, b in group x; c in group y. cos(a, b) = 1, cos(a, c) = 0, cos(b, c) = 0.6
+    a, b, c = np.array([1.0, 0.0]), np.array([2.0, 0.0]), np.array([0.0, 1.0])
+    sep = group_separation([a, b, c], ["x", "x", "y"])
+    assert sep.same == pytest.approx(1.0) and sep.cross == pytest.approx(0.0) and sep.gap == pytest.approx(1.0)
+    assert sep.nearest_in_group == 2 and sep.nodes == 3  # c's nearest (a tie at 0) is in another group
+    d = np.array([0.8, 0.6])  # cos(a, d) = 0.8, cos(c, d) = 0.6
+    sep = group_separation([a, d, c], ["x", "y", "y"])
+    assert sep.same == pytest.approx(0.6) and sep.cross == pytest.approx((0.8 + 0.0) / 2)
+    assert sep.nearest_in_group == 1  # a -> d (other group), d -> a (other group), c -> d (own group)
+    with pytest.raises(ValueError, match="at least one group with two nodes"):
+        group_separation([a, c], ["x", "y"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from p2pfl.core.client2vec import cosine
 from p2pfl.report import report_run
 from p2pfl.scenario.launcher import run_scenario
 
@@ -62,7 +63,24 @@ def test_global_strategy_builds_indices_through_the_coordinator(tmp_path):
         assert node["status"] == "ok" and node["setup"]["bytes_sent"] >= 128 * 1024 * 4
         assert [len(r["strategy"]["drawn"]) for r in node["rounds"]] == [2, 2]  # ceil(0.5 x 3)
         assert "eq4" in node["rounds"][0]["strategy"]
-    assert any(p.name == "client_indices.png" for p in report_run(tmp_path / "run"))
+    written = {p.name: p for p in report_run(tmp_path / "run")}
+    assert "client_indices.png" in written
+    rows = [line.split(" | ") for line in written["client_indices.md"].read_text().splitlines() if line.startswith("| β")]
+    sims = {(a, b): cosine(c2v["feature_indices"][a], c2v["feature_indices"][b])
+            for a in c2v["indices"] for b in c2v["indices"] if a != b}
+    domain = {n["id"]: n["domain"] for n in results["nodes"]}
+    same = [v for (a, b), v in sims.items() if domain[a] == domain[b]]
+    cross = [v for (a, b), v in sims.items() if domain[a] != domain[b]]
+    assert float(rows[0][1]) == pytest.approx(sum(same) / len(same), abs=1e-3)
+    assert float(rows[0][2]) == pytest.approx(sum(cross) / len(cross), abs=1e-3)
+
+    # A second run reads these indices (indices_from) and builds none: no coordinator, nothing sent before round 1.
+    path.write_text(SCENARIO.format(extra=f'indices_from = "{tmp_path / "run" / "results.json"}"'))
+    again, code = run_scenario(path, tmp_path / "again", progress=False, quiet=True)
+    assert code == 0, again["summary"]
+    assert again["coordinator"] is None
+    assert again["client2vec"]["indices"] == c2v["indices"]
+    assert all(not (n["setup"] or {}).get("bytes_sent") for n in again["nodes"])
 
 
 def test_mean_embedding_index_needs_no_coordinator(tmp_path):
