@@ -64,13 +64,13 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     # Only this node's tensors: nodes sharing a worker process must not each hold everybody's images.
     partition = build_partition(sc.data, sc.nodes, sc.seed, only=[config.index])
     device = node_device(sc.device, config.index)
-    seed = node_seed(sc.seed, config.index)
+    seed = node_seed(sc.seed + sc.train.seed_offset, config.index)
     attack = build_attack(sc.attack, config.index, seed)
     data = partition.node(config.index)
     if attack is not None:
         data = attack.training_data(data, partition.num_classes)
     data = data_to_device(data, device)
-    torch.manual_seed(sc.seed)  # the same initial model on every node, as FedAvg assumes
+    torch.manual_seed(sc.seed + sc.train.seed_offset)  # the same initial model on every node, as FedAvg assumes
     model = build_model(sc.model.name, partition.in_channels, partition.image_size, partition.num_classes).to(device)
     privacy = build_privacy(sc.privacy, n_train=len(data.train), batch_size=sc.train.batch_size,
                             epochs=sc.train.epochs, rounds=sc.rounds, seed=seed)

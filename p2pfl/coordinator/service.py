@@ -54,7 +54,7 @@ class Coordinator:
         self.partition = build_partition(sc.data, sc.nodes, sc.seed)
         self.device = node_device(sc.device, 0)
         self.held_out = None if self.partition.held_out is None else split_to_device(self.partition.held_out, self.device)
-        torch.manual_seed(sc.seed)
+        torch.manual_seed(sc.seed + sc.train.seed_offset)  # the nodes' initial model
         self.model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
         self.model.to(self.device)
         self.spec = part_spec(self.model, "full")
