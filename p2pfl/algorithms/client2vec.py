@@ -23,7 +23,8 @@ three uses as switches, so the paper's ablation rows are one strategy:
 * (ii) `aggregation`: eq. 3 weights the cohort (prior q ∝ n_train, history gamma, heat);
 * (iii) `local`: eq. 4 in local training, with weight `mu` (default 5.0 under the global
   strategy, 1.0 otherwise, as the paper's Table 1): a projection P of the body's features,
-  the mean |z_P B^f| over all nodes' unit beta^f, and KL(logits of z || logits of z_P) through a
+  L_orth = the mean |cos(z_P, beta^f)| over all nodes' beta^f (`local_orth = "raw"`: the
+  printed |z_P B^f|, which z = 0 also minimises), and KL(logits of z || logits of z_P) through a
   second classifier; P and that classifier stay on the node. `projection = "fixed"` freezes
   P (a trainable P can zero the orthogonality term without changing z); ||P B^f|| is recorded.
 
@@ -48,6 +49,7 @@ from p2pfl.core.client2vec import (
     DSAIGN,
     FEATURE_MEANS,
     LOSS_TERMS,
+    ORTH_MODES,
     ClientIndex,
     DSAIGNConfig,
     IndexTraining,
@@ -153,6 +155,7 @@ class Client2Vec(Strategy):
         heat: float = 1.0,
         mu: float | None = None,
         projection: str = "trainable",
+        local_orth: str = "cosine",
         image_encoder: str = "random_cnn",
         label_encoder: str = "orthonormal",
         label_prompt: str = "a photo of the digit {label}",
@@ -192,6 +195,9 @@ class Client2Vec(Strategy):
         if self.mu < 0:
             raise ValueError(f"mu must be >= 0, got {mu}")
         self.projection = projection
+        if local_orth not in ORTH_MODES:
+            raise ValueError(f"local_orth must be one of {ORTH_MODES}, got {local_orth!r}")
+        self.local_orth = local_orth
         self.encoders = (image_encoder, label_encoder, label_prompt)
         self.config = dsa_ign_config(embed_dim, d_model, heads, layers, ff_dim, dropout, positional, orth, losses)
         if index_rounds < 1 or not 0 < index_fraction <= 1 or index_local_epochs < 1:
@@ -418,7 +424,8 @@ class Client2Vec(Strategy):
             return ctx.trainer.fit(ctx.model, ctx.data.train)
         if self._eq4 is None:
             feature_indices = torch.stack([i.feature for i in self.indices.values()], dim=1)
-            self._eq4 = Eq4(ctx.model, feature_indices, self.mu, trainable=self.projection == "trainable", seed=ctx.seed)
+            self._eq4 = Eq4(ctx.model, feature_indices, self.mu, trainable=self.projection == "trainable", seed=ctx.seed,
+                            orth=self.local_orth)
         eq4 = self._eq4
         with eq4.capturing(ctx.model):
             result = ctx.trainer.fit(ctx.model, ctx.data.train, params=[*ctx.model.parameters(), *eq4.parameters()],
@@ -469,7 +476,8 @@ def read_indices(path: str) -> ReusedIndices:
 class Eq4(nn.Module):
     """Eq. 4's extra terms on the body's features z of the batch being trained (read by a forward hook)."""
 
-    def __init__(self, model: SplitModel, feature_indices: torch.Tensor, mu: float, *, trainable: bool, seed: int) -> None:
+    def __init__(self, model: SplitModel, feature_indices: torch.Tensor, mu: float, *, trainable: bool, seed: int,
+                 orth: str = "cosine") -> None:
         super().__init__()
         device = next(model.parameters()).device
         g = torch.Generator().manual_seed(seed + 7)
@@ -478,7 +486,7 @@ class Eq4(nn.Module):
                                        requires_grad=trainable)
         self.classifier = nn.Linear(dim, model.num_classes)
         self.register_buffer("feature_indices", feature_indices.float())
-        self.mu = mu
+        self.mu, self.orth = mu, orth
         self.to(device)
         self._z: torch.Tensor | None = None
         self._last: dict[str, float] = {}
@@ -493,7 +501,7 @@ class Eq4(nn.Module):
         self._z = None
         z = z.flatten(1)
         z_p = z @ self.projection
-        orth = orthogonality_to_indices(z_p, self.feature_indices)
+        orth = orthogonality_to_indices(z_p, self.feature_indices, self.orth)
         logits = model.head(z)  # type: ignore[operator]
         dist = distillation(logits, self.classifier(z_p))
         self._last = {"orth": float(orth.detach()), "distill": float(dist.detach())}

@@ -125,6 +125,8 @@ def test_parameters_and_conflicts_are_refused_with_the_field() -> None:
     assert build_strategy("client2vec", {"strategy": "federated"}).mu == 1.0  # the paper's weight for it
     with pytest.raises(ConfigError, match="orth"):
         build_strategy("client2vec", {"orth": "l2"})
+    with pytest.raises(ConfigError, match="local_orth must be one of"):
+        build_strategy("client2vec", {"local_orth": "l2"})
     assert "exact labels" in build_strategy("client2vec", {}).privacy_conflict("dp-sgd")
     assert "DSA-IGN weights" in build_strategy("client2vec", {"strategy": "federated"}).privacy_conflict("dp-sgd")
     assert build_strategy("client2vec", {"index": "mean_embedding", "local": False}).privacy_conflict("dp-sgd") is None

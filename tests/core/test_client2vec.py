@@ -181,7 +181,15 @@ def test_eq4_terms() -> None:
     g = torch.Generator().manual_seed(5)
     zp, bf = torch.randn(4, 3, generator=g), torch.randn(3, 6, generator=g)
     unit = bf / bf.norm(dim=0, keepdim=True)
-    assert float(orthogonality_to_indices(zp, bf)) == pytest.approx(float((zp @ unit).abs().mean()), rel=1e-6)
+    raw = float(orthogonality_to_indices(zp, bf, "raw"))
+    assert raw == pytest.approx(float((zp @ unit).abs().mean()), rel=1e-6)
+    cosines = [abs(cosine(zp[j], bf[:, k])) for j in range(4) for k in range(6)]
+    assert float(orthogonality_to_indices(zp, bf)) == pytest.approx(sum(cosines) / len(cosines), rel=1e-6)
+    # Shrinking z lowers the printed form but not the cosine one: only turning z_P away from B^f does.
+    assert float(orthogonality_to_indices(0.01 * zp, bf, "raw")) == pytest.approx(0.01 * raw, rel=1e-5)
+    assert float(orthogonality_to_indices(0.01 * zp, bf)) == pytest.approx(float(orthogonality_to_indices(zp, bf)), rel=1e-5)
+    with pytest.raises(ValueError, match="orth must be one of"):
+        orthogonality_to_indices(zp, bf, "l2")
     logits = torch.randn(4, 5, generator=g)
     assert float(distillation(logits, logits)) == pytest.approx(0.0, abs=1e-7)
     p, q = F.softmax(logits, 1), F.softmax(logits.flip(1), 1)
