@@ -211,6 +211,7 @@ class Client2Vec(Strategy):
         self.last_cohort: list[str] = []
         self.last_drawn: dict[str, int] = {}  # peer -> the last round it was downloaded
         self._eq4: Eq4 | None = None
+        self._eq4_state: dict[str, torch.Tensor] | None = None  # from a checkpoint, until the next fit
         # "{seed}" in the path picks each seed's run (read in setup); a fixed path is read now, to fail early.
         self.indices_from = indices_from if self.uses_index else None
         self.reused = read_indices(indices_from) if self.indices_from and "{seed}" not in self.indices_from else None
@@ -426,6 +427,10 @@ class Client2Vec(Strategy):
             feature_indices = torch.stack([i.feature for i in self.indices.values()], dim=1)
             self._eq4 = Eq4(ctx.model, feature_indices, self.mu, trainable=self.projection == "trainable", seed=ctx.seed,
                             orth=self.local_orth)
+            if self._eq4_state is not None:
+                device = next(ctx.model.parameters()).device
+                self._eq4.load_state_dict({k: v.to(device) for k, v in self._eq4_state.items()})
+                self._eq4_state = None
         eq4 = self._eq4
         with eq4.capturing(ctx.model):
             result = ctx.trainer.fit(ctx.model, ctx.data.train, params=[*ctx.model.parameters(), *eq4.parameters()],
@@ -434,12 +439,41 @@ class Client2Vec(Strategy):
         return result
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": dict(self.history), "last_cohort": list(self.last_cohort), "last_drawn": dict(self.last_drawn)}
+        """Everything setup built (the indices) and the rounds learnt, eq. 4's P and classifier
+        included, so that a resumed node needs no setup exchange."""
+        eq4 = self._eq4.state_dict() if self._eq4 is not None else self._eq4_state
+        return {
+            "history": dict(self.history), "last_cohort": list(self.last_cohort), "last_drawn": dict(self.last_drawn),
+            "indices": {n: {"feature": i.feature.tolist(), "label": i.label.tolist()} for n, i in self.indices.items()},
+            "n_train": dict(self.n_train),
+            "eq4": None if eq4 is None else {k: tensor_to_text(v) for k, v in eq4.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = {str(k): float(v) for k, v in state["history"].items()}
         self.last_cohort = [str(x) for x in state["last_cohort"]]
         self.last_drawn = {str(k): int(v) for k, v in state["last_drawn"].items()}
+        indices = {str(n): ClientIndex(torch.tensor(i["feature"], dtype=torch.float32), torch.tensor(i["label"], dtype=torch.float32))
+                   for n, i in state.get("indices", {}).items()}
+        if any(i.feature.ndim != 1 or i.feature.shape != i.label.shape for i in indices.values()):
+            raise ValueError("client2vec state: every index needs a feature and a label vector of one length")
+        self.indices = indices
+        self.n_train = {str(k): int(v) for k, v in state.get("n_train", {}).items()}
+        self._eq4_state = None if state.get("eq4") is None else {k: tensor_from_text(v) for k, v in state["eq4"].items()}
+        self._eq4 = None  # rebuilt on the next fit, around the node's model, from _eq4_state
+
+
+def tensor_to_text(t: torch.Tensor) -> dict[str, Any]:
+    """A float tensor for a JSON checkpoint, exactly: shape and float32 bytes as hex."""
+    return {"shape": list(t.shape), "float32": t.detach().cpu().float().contiguous().numpy().tobytes().hex()}
+
+
+def tensor_from_text(doc: dict[str, Any]) -> torch.Tensor:
+    shape = [int(s) for s in doc["shape"]]
+    data = bytearray(bytes.fromhex(doc["float32"]))
+    if len(data) != 4 * math.prod(shape):
+        raise ValueError(f"a tensor of shape {shape} needs {4 * math.prod(shape)} bytes, got {len(data)}")
+    return torch.frombuffer(data, dtype=torch.float32).reshape(shape).clone()
 
 
 @dataclass(frozen=True)

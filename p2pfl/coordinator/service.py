@@ -147,7 +147,10 @@ class Coordinator:
         status, error = "ok", None
         try:
             first = 1
-            if self.resume:
+            if self.resume and self.half.round_kind is None:
+                # Nothing to restore: the nodes resume with what setup gave them and never ask again.
+                self.setup_done = True
+            elif self.resume:
                 first = self.restore() + 1
                 if self.rounds:  # serve the restored global model at once
                     await self.endpoint.publish(self.round, self.round, {"global": host_snapshot(part_state(self.model, "full"))},
@@ -239,8 +242,8 @@ class Coordinator:
     def restore(self) -> int:
         """Load the last checkpoint, checked in full first; returns the last aggregated round."""
         if self.half.setup_kind is not None:
-            raise CheckpointError(f"{self.scenario.algorithm.name} cannot be resumed: its setup exchange "
-                                  "(before round 1) is not checkpointed; start the run again")
+            raise CheckpointError(f"{self.scenario.algorithm.name} cannot be resumed: its coordinator half has both a "
+                                  "setup exchange and rounds, and only the rounds are checkpointed; start the run again")
         tensors, doc = read_resumable(self.checkpoint_path, node_id=self.config.id,
                                       public_hex=self.key.public_hex, scenario=self.scenario.to_dict(),
                                       rounds=self.scenario.rounds, spec=self.spec)

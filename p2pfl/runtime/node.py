@@ -119,6 +119,7 @@ class Node:
             seed=scenario.seed,
         )
         self.setup_record: dict[str, Any] | None = None
+        self.setup_restored = False
         self.rounds: list[dict[str, Any]] = []
         # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
         self.participation_rng = np.random.default_rng([parts.seed, 0x5EA7])
@@ -379,11 +380,12 @@ class Node:
             silent = await self.endpoint.wait_until_up(awaited, sc.runtime.start_wait_s)
             if silent:
                 self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.runtime.start_wait_s)
-            await self.run_setup()
             first = 1
             if self.resume:
                 first = await asyncio.to_thread(self.restore) + 1
                 await self._republish()
+            if not self.setup_restored:
+                await self.run_setup()
             for r in range(first, sc.rounds + 1):
                 if self.privacy is not None and self.privacy.exhausted():
                     status = "budget_exhausted"
@@ -442,6 +444,8 @@ class Node:
         return {
             **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
             "strategy": self.strategy.state_dict(),
+            # What setup produced lives in the strategy's state; a resumed node does not set up again.
+            "setup": self.setup_record,
             "privacy": None if self.privacy is None else self.privacy.state_dict(),
             "rng": rng,
         }
@@ -484,6 +488,8 @@ class Node:
         if doc["rng"]["cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng_state_from_hex(doc["rng"]["cuda"]), self.device)
         restore_run_state(doc, self.endpoint.replay, self.counter)
+        if "setup" in doc:  # older checkpoints: set up again after restoring
+            self.setup_record, self.setup_restored = doc["setup"], True
         self.rounds = rounds
         self.round = self.ctx.round = doc["round"]
         self.log.info("resumed from %s after round %d", path, self.round)

@@ -217,3 +217,28 @@ def test_indices_from_with_a_seed_placeholder_reads_the_run_of_this_seed(tmp_pat
     strategy = build_strategy("client2vec", {"indices_from": str(tmp_path / "seed{seed}" / "results.json")})
     strategy.setup(ctx)  # ctx.seed == 3
     assert torch.equal(strategy.indices["node-4"].full, written["node-4"].full)
+
+
+def test_a_restored_strategy_trains_exactly_as_the_one_that_wrote_the_checkpoint() -> None:
+    import json
+
+    original = with_indices(build_strategy("client2vec", {"mu": 5.0}))
+    original.fit(make_ctx())  # round 1 trains P and the second classifier
+    original.history, original.last_cohort, original.last_drawn = {"node-1": 0.5}, ["node-1"], {"node-1": 1}
+    state = json.loads(json.dumps(original.state_dict(), allow_nan=False))  # what a checkpoint holds
+    restored = build_strategy("client2vec", {"mu": 5.0})
+    restored.load_state_dict(state)
+    assert restored.state_dict() == original.state_dict()
+    for node, index in original.indices.items():
+        assert torch.equal(restored.indices[node].feature, index.feature) and restored.n_train[node] == original.n_train[node]
+    a, b = make_ctx(round_=2, seed=1), make_ctx(round_=2, seed=1)
+    original.fit(a)
+    restored.fit(b)
+    for key, value in part_state(a.model, "full").items():
+        assert torch.equal(value, part_state(b.model, "full")[key]), key
+    for key, value in original._eq4.state_dict().items():
+        assert torch.equal(value, restored._eq4.state_dict()[key]), key
+    bad = json.loads(json.dumps(state))
+    bad["eq4"]["projection"]["float32"] = bad["eq4"]["projection"]["float32"][:-8]
+    with pytest.raises(ValueError, match="needs .* bytes"):
+        build_strategy("client2vec", {}).load_state_dict(bad)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from p2pfl.core.client2vec import cosine
@@ -73,6 +75,14 @@ def test_global_strategy_builds_indices_through_the_coordinator(tmp_path):
     cross = [v for (a, b), v in sims.items() if domain[a] != domain[b]]
     assert float(rows[0][1]) == pytest.approx(sum(same) / len(same), abs=1e-3)
     assert float(rows[0][2]) == pytest.approx(sum(cross) / len(cross), abs=1e-3)
+
+    # Resumed after its last round, no node sets up again: the indices come from the checkpoints.
+    resumed, code = run_scenario(path, tmp_path / "run", progress=False, quiet=True, resume=True)
+    assert code == 0, resumed["summary"]
+    assert resumed["client2vec"]["indices"] == c2v["indices"]
+    assert resumed["coordinator"]["status"] == "ok" and resumed["coordinator"]["setup"] is None
+    for before, after in zip(results["nodes"], resumed["nodes"]):
+        assert after["setup"] == json.loads(json.dumps(before["setup"])) and after["rounds"] == before["rounds"]
 
     # A second run reads these indices (indices_from) and builds none: no coordinator, nothing sent before round 1.
     path.write_text(SCENARIO.format(extra=f'indices_from = "{tmp_path / "run" / "results.json"}"'))
