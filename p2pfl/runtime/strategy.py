@@ -142,7 +142,9 @@ class Strategy:
         return self.coordinator is not None
 
     def setup(self, ctx: RoundContext) -> None:
-        """Once per node before round 1; may talk to peers and the coordinator through `ctx.exchange`."""
+        """Once per node before round 1; may talk to peers and the coordinator through `ctx.exchange`.
+
+        Not called again when a node resumes from a checkpoint: what it builds belongs in `state_dict`."""
 
     def privacy_conflict(self, mode: str) -> str | None:
         """Why this strategy, as configured, cannot run under privacy `mode` (None: it can)."""
@@ -154,7 +156,8 @@ class Strategy:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """What the strategy has learnt across rounds (JSON-able), for checkpoints; parameters are not state."""
+        """What the strategy has learnt in `setup` and across rounds (JSON-able), for checkpoints;
+        parameters are not state."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
