@@ -95,3 +95,27 @@ def test_wordllama_label_embeddings_from_the_bundled_weights() -> None:
     sims = enc.table @ enc.table.T
     assert float(sims.diagonal().min()) == pytest.approx(1.0, abs=1e-5)
     assert float((sims - torch.eye(10)).max()) < 1.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("open_clip") is None,
+                    reason="the 'clip' extra is not installed (open-clip-torch imports torchvision)")
+def test_open_clip_encoders_from_a_checkpoint_on_disk(tmp_path) -> None:
+    import json
+
+    import open_clip
+
+    # A tiny CLIP, randomly initialised and saved by the test: no download, no real weights.
+    config = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8},
+              "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+    (tmp_path / "p2pfl-tiny-clip.json").write_text(json.dumps(config))
+    open_clip.add_model_config(tmp_path / "p2pfl-tiny-clip.json")
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "tiny.pt"
+    torch.save(open_clip.create_model("p2pfl-tiny-clip").state_dict(), checkpoint)
+    spec = f"open_clip:p2pfl-tiny-clip:{checkpoint}"
+    image = build_image_encoder(spec, 512, seed=0)
+    d = encode_images(image, _images(4, channels=1))
+    assert d.shape == (4, 512) and torch.isfinite(d).all()
+    torch.testing.assert_close(d, encode_images(build_image_encoder(spec, 512, seed=0), _images(4, channels=1)))
+    labels = build_label_encoder(spec, 10, 512, seed=0)
+    assert labels.table.shape == (10, 512) and torch.isfinite(labels.table).all()
