@@ -519,7 +519,8 @@ class Eq4(nn.Module):
         self.projection = nn.Parameter(torch.randn(model.feature_dim, dim, generator=g) / math.sqrt(model.feature_dim),
                                        requires_grad=trainable)
         self.classifier = nn.Linear(dim, model.num_classes)
-        self.register_buffer("feature_indices", feature_indices.float())
+        # Rebuilt from the indices, so not part of the checkpointed state.
+        self.register_buffer("feature_indices", feature_indices.float(), persistent=False)
         self.mu, self.orth = mu, orth
         self.to(device)
         self._z: torch.Tensor | None = None
