@@ -7,6 +7,9 @@ that a command produced, never typed in:
   partition's ground truth, per round, mean (std) over seeds;
 * `lambda_self.md`, `self_weight.md`: the weight a node gives its own model, per round
   (FedC2I's λ self-weight; pFedSV's and FedFomo's own weight);
+* `gamma.md`: the γ FedC2I's nodes chose on validation data (`gamma = "auto"`), per round;
+* `safeguard_weight.md`, `safeguard_kept_own.md`: the aggregate's weight in the model the
+  safeguard kept, and the share of nodes that kept their own model, per round;
 * `communication.md`: parameter bytes downloaded per round and in total, and the mean
   dynamic k per round, per row;
 * `held_out.md` (several compare folders, one per held-out domain): the global model's
@@ -101,8 +104,9 @@ def communication_table(runs: Mapping[str, list[dict[str, Any]]]) -> str:
 
 
 def record_table(runs: Mapping[str, list[dict[str, Any]]], key: str) -> str | None:
-    """Per row and round: a strategy's per-round record `key` (e.g. FedC2I's `lambda_self`),
-    mean over nodes, then mean (std) over seeds; None when no row records it."""
+    """Per row and round: a per-round record `key` of the node (`safeguard_weight`) or of its
+    strategy (FedC2I's `lambda_self`), mean over nodes (a flag counts 1 when set), then mean (std)
+    over seeds; None when no row records it."""
     rounds = sorted({r["round"] for results in runs.values() for res in results for n in res["nodes"] for r in n["rounds"]})
     body = []
     for label, results in runs.items():
@@ -111,7 +115,7 @@ def record_table(runs: Mapping[str, list[dict[str, Any]]], key: str) -> str | No
             by_round: dict[int, list[float]] = defaultdict(list)
             for n in res["nodes"]:
                 for r in n["rounds"]:
-                    by_round[r["round"]] += _finite([r.get("strategy", {}).get(key)])
+                    by_round[r["round"]] += _finite([r[key] if key in r else r.get("strategy", {}).get(key)])
             for round_, values in by_round.items():
                 if values:
                     per_round[round_].append(statistics.fmean(values))
@@ -157,7 +161,7 @@ def write_compare_tables(folder: Path, out: Path) -> list[Path]:
         paths.append(out / "relevance.md")
     (out / "communication.md").write_text(communication_table(runs) + "\n")
     paths.append(out / "communication.md")
-    for key in ("lambda_self", "self_weight"):
+    for key in ("lambda_self", "self_weight", "gamma", "safeguard_weight", "safeguard_kept_own"):
         table = record_table(runs, key)
         if table is not None:
             (out / f"{key}.md").write_text(table + "\n")

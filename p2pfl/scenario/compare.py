@@ -111,6 +111,7 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
         "seed": seed,
         "node_labels": labels,
         "node_acc": [n.get("final_test_acc") for n in nodes],
+        "node_acc_aggregated": [n.get("final_test_acc_aggregated") for n in nodes],
         "final": results["summary"]["mean_acc"],
         "best": max(mean_by_round.values()) if mean_by_round else None,
         "final_aggregated": results["summary"].get("mean_acc_aggregated"),
@@ -131,17 +132,21 @@ def setup_bytes(results: Mapping[str, Any]) -> int:
     return sum(int(r.get("bytes_received", 0)) for r in records)
 
 
-def worst_vs_baseline(runs: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]) -> list[float]:
+def worst_vs_baseline(runs: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]],
+                      protocol: str = "node_acc") -> list[float]:
     """Per seed, the minimum over nodes of (node accuracy - the same node's accuracy in the
-    baseline run of the same seed): how much the worst-off node lost by joining. Seeds without
-    a baseline run are left out."""
+    baseline run of the same seed): how much the worst-off node lost by joining. `protocol` picks
+    the node's model: "node_acc" after training, "node_acc_aggregated" right after aggregation
+    (the model the safeguard chooses); the baseline node is always scored after training, the model
+    it would deploy alone. Seeds without a baseline run are left out."""
     by_seed = {b.get("seed"): b for b in baseline}
     worst = []
     for run in runs:
         base = by_seed.get(run.get("seed"))
         if base is None or run.get("seed") is None:
             continue
-        diffs = [a - b for a, b in zip(run["node_acc"], base["node_acc"], strict=False) if a is not None and b is not None]
+        mine = run.get(protocol) or []
+        diffs = [a - b for a, b in zip(mine, base["node_acc"], strict=False) if a is not None and b is not None]
         if diffs:
             worst.append(min(diffs))
     return worst
@@ -161,7 +166,7 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
         head.append("epsilon")
     show_worst = baseline in rows and len(rows) > 1
     if show_worst:
-        head.append(f"worst vs {baseline}")
+        head += [f"worst vs {baseline}", f"worst aggregated vs {baseline}"]
     show_setup = any(r.get("setup_bytes") for runs in rows.values() for r in runs)
     head += ["MiB sent", *(["of which before round 1"] if show_setup else []), "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -176,7 +181,8 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
         if show_eps:
             cells.append(_cell([r["epsilon"] for r in runs], scale=1.0))
         if show_worst:
-            cells.append("-" if label == baseline else _signed_cell(worst_vs_baseline(runs, rows[baseline])))
+            for protocol in ("node_acc", "node_acc_aggregated"):
+                cells.append("-" if label == baseline else _signed_cell(worst_vs_baseline(runs, rows[baseline], protocol)))
         cells.append(f"{statistics.fmean(r['total_bytes'] for r in runs) / 2**20:.1f}")
         if show_setup:
             cells.append(f"{statistics.fmean(r.get('setup_bytes') or 0 for r in runs) / 2**20:.1f}")
@@ -187,7 +193,8 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
                  "*best round*: the round with the highest mean, picked on the test split (optimistic); "
                  "*aggregated*: the model right after aggregation."
                  + (f" *worst vs {baseline}*: per seed, the minimum over nodes of the node's accuracy minus the same "
-                    f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds." if show_worst else "")
+                    f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds; *aggregated*: the "
+                    f"same with each node's model right after aggregation." if show_worst else "")
                  + (" *Of which before round 1*: the setup exchange (Client2Vec's index), counted where it "
                     "arrives." if show_setup else ""))
     return "\n".join(lines)

@@ -100,8 +100,21 @@ def test_report_merges_a_lan_runs_per_node_results(tmp_path: Path) -> None:
     assert any(p.name == "accuracy.png" for p in paths)
 
 
-def _summary(seed: int, accs: list[float]) -> dict:
+def test_record_table_reads_node_records_and_counts_a_set_flag_as_one() -> None:
+    def run(seed: int, kept: list[list[bool]]) -> dict:
+        nodes = [{"id": f"node-{i}", "rounds": [{"round": r + 1, "safeguard_kept_own": k, "strategy": {"gamma": 2.0 + seed}}
+                                                 for r, k in enumerate(flags)]} for i, flags in enumerate(kept)]
+        return {"nodes": nodes}
+
+    runs = {"fedc2i": [run(0, [[True, False], [False, False]]), run(1, [[True, True], [False, True]])]}
+    # round 1: 1/2 nodes in both seeds; round 2: 0/2 and 2/2
+    assert "| fedc2i | 0.50 (0.00) | 0.50 (0.50) |" in record_table(runs, "safeguard_kept_own")
+    assert "| fedc2i | 2.50 (0.50) | 2.50 (0.50) |" in record_table(runs, "gamma")
+
+
+def _summary(seed: int, accs: list[float], aggregated: list[float] | None = None) -> dict:
     return {"seed": seed, "node_labels": [f"node-{i}" for i in range(len(accs))], "node_acc": accs,
+            "node_acc_aggregated": accs if aggregated is None else aggregated,
             "final": sum(accs) / len(accs), "best": None, "final_aggregated": None, "best_aggregated": None,
             "total_bytes": 0, "held_out_acc": None, "epsilon": None, "wall_s": 1.0}
 
@@ -110,14 +123,19 @@ def test_worst_vs_local_is_the_per_seed_minimum_of_node_gaps_against_the_same_se
     from p2pfl.scenario.compare import format_table, worst_vs_baseline
 
     local = [_summary(0, [0.8, 0.6]), _summary(1, [0.7, 0.7])]
-    fedavg = [_summary(1, [0.75, 0.72]), _summary(0, [0.9, 0.5]), _summary(2, [0.0, 0.0])]  # seed 2: no local run
+    fedavg = [_summary(1, [0.75, 0.72], [0.5, 0.9]), _summary(0, [0.9, 0.5], [0.85, 0.62]),
+              _summary(2, [0.0, 0.0])]  # seed 2: no local run
     gaps = worst_vs_baseline(fedavg, local)
     assert gaps == pytest.approx([0.02, -0.1])
+    # after aggregation each node's aggregate is set against the same Local run (trained alone)
+    assert worst_vs_baseline(fedavg, local, "node_acc_aggregated") == pytest.approx([-0.2, 0.02])
     table = format_table({"local": local, "fedavg": fedavg})
     header, _, local_row, fedavg_row = table.splitlines()[:4]
     column = header.split(" | ").index("worst vs local")
     assert local_row.split(" | ")[column] == "-"
     assert fedavg_row.split(" | ")[column] == "-4.0 (6.0)"
+    aggregated_column = header.split(" | ").index("worst aggregated vs local")
+    assert fedavg_row.split(" | ")[aggregated_column] == "-9.0 (11.0)"
     assert "worst vs local" not in format_table({"fedavg": fedavg})
 
 
