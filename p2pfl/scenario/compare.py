@@ -23,6 +23,7 @@ from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, sce
 
 
 MAX_NODE_COLUMNS = 12
+SETUP_COLUMN_MIN_BYTES = 0.05 * 2**20  # shows as 0.1 MiB
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,10 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
     show_worst = baseline in rows and len(rows) > 1
     if show_worst:
         head += [f"worst vs {baseline}", f"worst aggregated vs {baseline}"]
-    show_setup = any(r.get("setup_bytes") for runs in rows.values() for r in runs)
+    # Every run has control messages before round 1 (a few hundred bytes per node); a column that
+    # would read 0.0 MiB in every row says nothing, so it appears for an index-sized exchange only.
+    show_setup = any(statistics.fmean(r.get("setup_bytes") or 0 for r in runs) >= SETUP_COLUMN_MIN_BYTES
+                     for runs in rows.values())
     head += ["MiB sent", *(["of which before round 1"] if show_setup else []), "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, runs in rows.items():

@@ -149,6 +149,8 @@ def test_setup_bytes_are_counted_where_they_arrive_and_get_a_column_only_when_pr
     plain = [_summary(0, [0.5, 0.5])]
     indexed = [{**_summary(0, [0.5, 0.5]), "setup_bytes": 4 * 2**20}]
     assert "before round 1" not in format_table({"fedavg": plain})
+    greeted = [{**_summary(0, [0.5, 0.5]), "setup_bytes": 860}]  # round-0 control messages, not an index
+    assert "before round 1" not in format_table({"fedavg": plain, "fedc2i": greeted})
     table = format_table({"fedavg": plain, "client2vec": indexed})
     header, _, fedavg_row, indexed_row = table.splitlines()[:4]
     column = header.split(" | ").index("of which before round 1")
