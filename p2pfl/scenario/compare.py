@@ -215,6 +215,18 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
                            + [f"{k}={json.dumps(v)}" for k, v in row.overrides.items()])
 
 
+def scenario_differences(stored: Mapping[str, Any], planned: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved scenarios (`Scenario.to_dict`)."""
+    out = []
+    for key in sorted(set(stored) | set(planned)):
+        a, b = stored.get(key), planned.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += scenario_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
                 *, reuse: bool = False, progress: bool = True) -> int:
     from p2pfl.scenario.launcher import run_loaded
@@ -235,6 +247,10 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
         results_path = RunFolder(run_dir).results
         if reuse and results_path.is_file():
             results = json.loads(results_path.read_text())
+            differ = scenario_differences(results.get("scenario") or {}, json.loads(json.dumps(scenario.to_dict())))
+            if differ:
+                raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {row.label!r} asks "
+                                             f"for ({', '.join(differ[:5])} differ); move it away or pick another --out")
             code = 0 if not results["summary"]["nodes_failed"] else 1
         else:
             results, code = run_loaded(scenario, run_dir, progress=progress, quiet=True, force=True)

@@ -81,3 +81,34 @@ def test_an_existing_run_folder_is_never_reused_silently(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert "marker" not in json.dumps(results)
     assert [n["status"] for n in results["nodes"]] == ["ok", "ok"]
+
+
+def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_path):
+    import json
+
+    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    rows = parse_algorithms("fedavg[train.lr=0.01]")
+    raw = row_raw(read_raw(path), rows[0])
+    raw["seed"] = 3
+
+    def plant(scenario: dict) -> dict:
+        run = compare_run(tmp_path / "cmp", rows[0].label, 3)
+        run.mkdir(parents=True, exist_ok=True)
+        results = {"scenario": scenario, "nodes": [{"id": "node-0", "rounds": [], "final_test_acc": 0.5}],
+                   "summary": {"mean_acc": 0.5, "mean_acc_aggregated": 0.5, "total_bytes": 0, "wall_s": 1.0,
+                               "nodes_failed": 0}}
+        (run / "results.json").write_text(json.dumps(results))
+        return results
+
+    same = scenario_from_dict(raw).to_dict()
+    plant(same)  # reused as it is: nothing runs, so this takes no time
+    assert run_compare(path, rows, [3], tmp_path / "cmp", reuse=True, progress=False) == 0
+    assert "| fedavg[train.lr=0.01] |" in (tmp_path / "cmp" / "compare.md").read_text()
+
+    stored = plant({**same, "rounds": 7, "train": {**same["train"], "lr": 0.1}})
+    with pytest.raises(ConfigError) as info:
+        run_compare(path, rows, [3], tmp_path / "cmp", reuse=True, progress=False)
+    assert info.value.field == "--reuse" and "rounds, train.lr differ" in str(info.value)
+    assert json.loads((compare_run(tmp_path / "cmp", rows[0].label, 3) / "results.json").read_text()) == stored
