@@ -163,7 +163,8 @@ def _matrix_by_round(values: Mapping[str, Mapping[int, Any]], node_ids: list[str
 
 
 def _heatmaps(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], title: str, path: Path,
-              extra: tuple[str, np.ndarray] | None = None, cmap: str = "viridis") -> Path:
+              extra: tuple[str, np.ndarray] | None = None, cmap: str = "viridis",
+              tick_labels: list[str] | None = None) -> Path:
     rounds = sorted({r for by_round in values.values() for r in by_round})
     shown = sorted({rounds[0], rounds[len(rounds) // 2], rounds[-1]})
     panels = [(f"round {r}", _matrix_by_round(values, node_ids, r)) for r in shown]
@@ -171,7 +172,7 @@ def _heatmaps(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], titl
         panels.append(extra)
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8))
     axes = np.atleast_1d(axes)
-    short = [nid.replace("node-", "") for nid in node_ids]
+    short = tick_labels or [nid.replace("node-", "") for nid in node_ids]
     for ax, (name, mat) in zip(axes, panels):
         im = ax.imshow(mat, cmap=cmap)
         ax.set_title(name)
@@ -321,10 +322,13 @@ def report_run(run_dir: Path) -> list[Path]:
     out.mkdir(exist_ok=True)
     paths = [plot_accuracy(results, out), plot_bytes(results, out)]
     node_ids = [n["id"] for n in results["nodes"]]
+    # Under a domain split a heatmap is read by domain: "3 mnistm" rather than "3".
+    domains = [n.get("domain") for n in results["nodes"]]
+    ticks = [f"{nid.replace('node-', '')} {d}" for nid, d in zip(node_ids, domains)] if all(domains) else None
     artefacts = load_artefacts(run_dir)
     if "lambda" in artefacts:
         paths.append(_heatmaps(artefacts["lambda"], node_ids, "client-level influence λ (row: node, column: model)",
-                               out / "client_influence.png"))
+                               out / "client_influence.png", tick_labels=ticks))
     if "Lambda" in artefacts:
         paths.append(plot_influence_matrices(artefacts["Lambda"], out))
     for name in ("relevance", "affinity"):
