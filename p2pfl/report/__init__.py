@@ -176,7 +176,7 @@ def _heatmaps(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], titl
     for ax, (name, mat) in zip(axes, panels):
         im = ax.imshow(mat, cmap=cmap)
         ax.set_title(name)
-        ax.set_xticks(range(len(short)), short, fontsize=7)
+        ax.set_xticks(range(len(short)), short, fontsize=7, rotation=90 if tick_labels else 0)
         ax.set_yticks(range(len(short)), short, fontsize=7)
         ax.set_xlabel("peer")
         ax.set_ylabel("node")

@@ -106,8 +106,8 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     mean_by_round = {r: statistics.fmean(v) for r, v in per_round.items()}
     agg_by_round = {r: statistics.fmean(v) for r, v in per_round_agg.items()}
     labels = [n.get("domain") or n["id"] for n in nodes]
-    if len(set(labels)) != len(labels):
-        labels = [n["id"] for n in nodes]
+    if len(set(labels)) != len(labels):  # several nodes per domain: "3 usps"
+        labels = [n["id"].replace("node-", "") + (f" {n['domain']}" if n.get("domain") else "") for n in nodes]
     return {
         "seed": seed,
         "node_labels": labels,
