@@ -19,7 +19,7 @@ from typing import Any
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
-from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, scenario_from_dict
+from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, scenario_differences, scenario_from_dict
 
 
 MAX_NODE_COLUMNS = 12
@@ -215,43 +215,35 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
                            + [f"{k}={json.dumps(v)}" for k, v in row.overrides.items()])
 
 
-def scenario_differences(stored: Mapping[str, Any], planned: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two resolved scenarios (`Scenario.to_dict`)."""
-    out = []
-    for key in sorted(set(stored) | set(planned)):
-        a, b = stored.get(key), planned.get(key)
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            out += scenario_differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}")
-    return out
-
-
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
                 *, reuse: bool = False, progress: bool = True) -> int:
     from p2pfl.scenario.launcher import run_loaded
 
     base = apply_overrides(read_raw(scenario_path), overrides)
     # Validate every row before the first run starts.
+    # Validate every row, and every run --reuse would take, before the first run starts.
     plans = []
     for row in rows:
         for seed in seeds:
             raw = row_raw(base, row)
             raw["seed"] = seed
-            plans.append((row, seed, scenario_from_dict(raw, source=str(scenario_path))))
+            scenario = scenario_from_dict(raw, source=str(scenario_path))
+            run_dir = compare_run(out, row.label, seed)
+            stored = None
+            if reuse and RunFolder(run_dir).results.is_file():
+                stored = json.loads(RunFolder(run_dir).results.read_text())
+                differ = scenario_differences(stored.get("scenario") or {}, scenario)
+                if differ:
+                    raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {row.label!r} "
+                                                 f"asks for ({', '.join(differ[:5])} differ); move it away or pick "
+                                                 "another --out")
+            plans.append((row, seed, scenario, run_dir, stored))
     out.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, list[dict[str, Any]]] = {row.label: [] for row in rows}
     failures = 0
-    for row, seed, scenario in plans:
-        run_dir = compare_run(out, row.label, seed)
-        results_path = RunFolder(run_dir).results
-        if reuse and results_path.is_file():
-            results = json.loads(results_path.read_text())
-            differ = scenario_differences(results.get("scenario") or {}, json.loads(json.dumps(scenario.to_dict())))
-            if differ:
-                raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {row.label!r} asks "
-                                             f"for ({', '.join(differ[:5])} differ); move it away or pick another --out")
-            code = 0 if not results["summary"]["nodes_failed"] else 1
+    for row, seed, scenario, run_dir, stored in plans:
+        if stored is not None:
+            results, code = stored, 0 if not stored["summary"]["nodes_failed"] else 1
         else:
             results, code = run_loaded(scenario, run_dir, progress=progress, quiet=True, force=True)
         failures += code != 0

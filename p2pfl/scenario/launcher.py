@@ -34,7 +34,7 @@ from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
 from p2pfl.scenario.relevance import score_run
 from p2pfl.scenario.results import build_results, format_summary
-from p2pfl.scenario.schema import Scenario, load_scenario
+from p2pfl.scenario.schema import Scenario, load_scenario, scenario_differences
 from p2pfl.wire import NodeKey
 
 
@@ -266,8 +266,10 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
     stored = folder.scenario
     if not stored.is_file():
         raise ConfigError("--resume", f"{out} holds no run to resume (no scenario.json)")
-    if json.loads(stored.read_text()) != json.loads(json.dumps(scenario.to_dict())):
-        raise ConfigError("--resume", f"the scenario differs from the one the run in {out} was started with")
+    differ = scenario_differences(json.loads(stored.read_text()), scenario)
+    if differ:
+        raise ConfigError("--resume", f"the scenario differs from the one the run in {out} was started with "
+                                      f"({', '.join(differ[:5])})")
     paths = [folder.node_config(nid) for nid in node_ids(scenario.nodes)]
     coordinator = folder.node_config(COORDINATOR_ID) if uses_coordinator(scenario) else None
     missing = [p.name for p in [*paths, coordinator] if p is not None and not p.is_file()]

@@ -152,6 +152,17 @@ class Scenario:
         return out
 
 
+def scenario_differences(stored: Mapping[str, Any], scenario: Scenario) -> list[str]:
+    """Dotted fields in which a stored resolved scenario (a run's `scenario.json` or results'
+    `scenario`) differs from `scenario`; empty when the run was made from this scenario."""
+    def walk(a: Any, b: Any, prefix: str) -> list[str]:
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            return [f for key in sorted(set(a) | set(b)) for f in walk(a.get(key), b.get(key), f"{prefix}{key}.")]
+        return [] if a == b else [prefix.rstrip(".")]
+
+    return walk(stored, json.loads(json.dumps(scenario.to_dict())), "")
+
+
 def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
     from p2pfl.algorithms import build_strategy, strategy_class
     from p2pfl.attacks import AttackSpec

@@ -108,7 +108,24 @@ def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_
     assert "| fedavg[train.lr=0.01] |" in (tmp_path / "cmp" / "compare.md").read_text()
 
     stored = plant({**same, "rounds": 7, "train": {**same["train"], "lr": 0.1}})
-    with pytest.raises(ConfigError) as info:
-        run_compare(path, rows, [3], tmp_path / "cmp", reuse=True, progress=False)
+    with pytest.raises(ConfigError) as info:  # seed 4 has no run; it is refused before seed 4 would start
+        run_compare(path, rows, [4, 3], tmp_path / "cmp", reuse=True, progress=False)
     assert info.value.field == "--reuse" and "rounds, train.lr differ" in str(info.value)
     assert json.loads((compare_run(tmp_path / "cmp", rows[0].label, 3) / "results.json").read_text()) == stored
+    assert not compare_run(tmp_path / "cmp", rows[0].label, 4).exists()
+
+
+def test_resume_refuses_a_run_folder_of_another_scenario_naming_the_fields(tmp_path):
+    import json
+
+    from p2pfl.runtime.run_folder import RunFolder
+    from p2pfl.scenario.launcher import existing_run_folder
+
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, rounds=1, samples=40))
+    stored = RunFolder(tmp_path / "run").scenario
+    stored.parent.mkdir(parents=True)
+    stored.write_text(json.dumps({**scenario.to_dict(), "rounds": 9}))
+    with pytest.raises(ConfigError) as info:
+        existing_run_folder(scenario, tmp_path / "run")
+    assert info.value.field == "--resume" and str(info.value).endswith("(rounds)")
+    assert json.loads(stored.read_text())["rounds"] == 9
