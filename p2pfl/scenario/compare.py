@@ -19,7 +19,7 @@ from typing import Any
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
-from p2pfl.scenario.schema import apply_overrides, parse_override, read_raw, scenario_differences, scenario_from_dict
+from p2pfl.scenario.schema import apply_overrides, apply_values, parse_override, read_raw, scenario_differences, scenario_from_dict
 
 
 MAX_NODE_COLUMNS = 12
@@ -60,7 +60,9 @@ def parse_algorithms(text: str) -> list[Row]:
     """`fedavg,fedc2i[gamma=1,variant=-lambda],pfedsv[privacy.noise_multiplier=1]` -> rows.
 
     Inside brackets a plain key is an algorithm parameter; a dotted key overrides the
-    scenario for that row (privacy noise, data split, ...).
+    scenario for that row (privacy noise, data split, ...), and a key set to an inline table
+    replaces that whole table of the scenario: `local[privacy={mode="none"}]` is Local with
+    privacy off, whatever `[privacy]` the scenario has.
     """
     rows = []
     for token in _split_top_level(text):
@@ -70,7 +72,7 @@ def parse_algorithms(text: str) -> list[Row]:
         params, overrides = {}, {}
         for item in _split_top_level(match.group(2) or ""):
             path, value = parse_override(item)
-            (overrides if len(path) > 1 else params)[".".join(path)] = value
+            (overrides if len(path) > 1 or isinstance(value, dict) else params)[".".join(path)] = value
         rows.append(Row(token, match.group(1), params, overrides))
     return rows
 
@@ -153,8 +155,18 @@ def worst_vs_baseline(runs: Sequence[Mapping[str, Any]], baseline: Sequence[Mapp
     return worst
 
 
-def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "local") -> str:
+def baseline_label(labels: Sequence[str], algorithm: str = "local") -> str | None:
+    """The row the `worst vs local` columns measure against: the row labelled `local`, else the one
+    row of algorithm `local` (`local[privacy={mode="none"}]` in a privacy sweep); None if neither."""
+    if algorithm in labels:
+        return algorithm
+    candidates = [label for label in labels if label.split("[", 1)[0] == algorithm]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None = None) -> str:
     first = next(iter(rows.values()))[0]
+    baseline = baseline or baseline_label(list(rows))
     node_labels = first["node_labels"]
     show_held = any(s.get("held_out_acc") is not None for runs in rows.values() for s in runs)
     show_eps = any(s.get("epsilon") is not None for runs in rows.values() for s in runs)
@@ -166,8 +178,9 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
     if show_eps:
         head.append("epsilon")
     show_worst = baseline in rows and len(rows) > 1
+    baseline_name = (baseline or "").split("[", 1)[0]
     if show_worst:
-        head += [f"worst vs {baseline}", f"worst aggregated vs {baseline}"]
+        head += [f"worst vs {baseline_name}", f"worst aggregated vs {baseline_name}"]
     # Every run has control messages before round 1 (a few hundred bytes per node); a column that
     # would read 0.0 MiB in every row says nothing, so it appears for an index-sized exchange only.
     show_setup = any(statistics.fmean(r.get("setup_bytes") or 0 for r in runs) >= SETUP_COLUMN_MIN_BYTES
@@ -196,7 +209,7 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str = "loca
     lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round; "
                  "*best round*: the round with the highest mean, picked on the test split (optimistic); "
                  "*aggregated*: the model right after aggregation."
-                 + (f" *worst vs {baseline}*: per seed, the minimum over nodes of the node's accuracy minus the same "
+                 + (f" *worst vs {baseline_name}*: per seed, the minimum over nodes of the node's accuracy minus the same "
                     f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds; *aggregated*: the "
                     f"same with each node's model right after aggregation." if show_worst else "")
                  + (" *Of which before round 1*: the setup exchange (Client2Vec's index), counted where it "
@@ -211,8 +224,8 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
     base_algorithm = base.get("algorithm", {}).get("name", "fedavg")
     params = dict(raw.get("algorithm", {}).get("params", {})) if row.algorithm == base_algorithm else {}
     raw["algorithm"] = {"name": row.algorithm, "params": params}
-    return apply_overrides(raw, [f"algorithm.params.{k}={json.dumps(v)}" for k, v in row.params.items()]
-                           + [f"{k}={json.dumps(v)}" for k, v in row.overrides.items()])
+    return apply_values(raw, [(["algorithm", "params", k], v) for k, v in row.params.items()]
+                        + [(k.split("."), v) for k, v in row.overrides.items()])
 
 
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),

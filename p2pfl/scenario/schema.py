@@ -241,9 +241,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    return apply_values(raw, [parse_override(text) for text in overrides])
+
+
+def apply_values(raw: dict[str, Any], values: Sequence[tuple[list[str], Any]]) -> dict[str, Any]:
+    """A copy of `raw` with each (key path, value) set; a table value replaces the whole table."""
     raw = json.loads(json.dumps(raw))  # deep copy; TOML values are all JSON-able except dates
-    for text in overrides:
-        path, value = parse_override(text)
+    for path, value in values:
         table = raw
         for part in path[:-1]:
             table = table.setdefault(part, {})

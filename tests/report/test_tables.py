@@ -139,6 +139,20 @@ def test_worst_vs_local_is_the_per_seed_minimum_of_node_gaps_against_the_same_se
     assert "worst vs local" not in format_table({"fedavg": fedavg})
 
 
+def test_worst_vs_local_measures_against_the_one_local_row_when_none_is_labelled_local() -> None:
+    from p2pfl.scenario.compare import format_table
+
+    local = [_summary(0, [0.8, 0.6])]
+    fedavg = [_summary(0, [0.9, 0.5])]
+    table = format_table({"fedavg": fedavg, 'local[privacy={mode="none"}]': local})
+    header, _, fedavg_row, local_row = table.splitlines()[:4]
+    column = header.split(" | ").index("worst vs local")
+    assert fedavg_row.split(" | ")[column] == "-10.0 (0.0)"
+    assert local_row.split(" | ")[column] == "-"
+    # two Local rows and neither labelled `local`: no row to measure against
+    assert "worst vs" not in format_table({"fedavg": fedavg, "local[a=1]": local, "local[a=2]": local})
+
+
 def test_setup_bytes_are_counted_where_they_arrive_and_get_a_column_only_when_present() -> None:
     from p2pfl.scenario.compare import format_table, setup_bytes
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from p2pfl.errors import ConfigError
@@ -61,3 +63,16 @@ def test_compare_rows_parse_parameters():
     assert rows[2].overrides == {"privacy.noise_multiplier": 2}
     with pytest.raises(ConfigError):
         parse_algorithms("fed avg")
+
+
+def test_a_compare_row_can_replace_a_whole_scenario_table() -> None:
+    from p2pfl.scenario.compare import row_raw
+    from p2pfl.scenario.schema import read_raw, scenario_from_dict
+
+    base = read_raw(Path("scenarios/pfedsv_dp.toml"))
+    assert scenario_from_dict(base, source="dp").privacy.mode == "dp-sgd"
+    (row,) = parse_algorithms('local[privacy={mode="none"}]')
+    assert row.overrides == {"privacy": {"mode": "none"}} and row.params == {}
+    scenario = scenario_from_dict(row_raw(base, row), source="dp")
+    assert scenario.privacy.mode == "none" and scenario.privacy.noise_multiplier is None
+    assert scenario.data == scenario_from_dict(base, source="dp").data  # the rest of the scenario is kept
