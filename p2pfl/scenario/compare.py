@@ -129,8 +129,9 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def setup_bytes(results: Mapping[str, Any]) -> int:
-    """Bytes on the wire before round 1 (Client2Vec's index), counted where they arrive: every node's
-    setup record and the coordinator's (which records what it received, not the replies it serves)."""
+    """Bytes on the wire before round 1 (Client2Vec's index, the peers' start-up announcements),
+    counted where they arrive: every node's setup record and the coordinator's (which records what
+    it received, not the replies it serves)."""
     records = [n.get("setup") or {} for n in results["nodes"]] + [(results.get("coordinator") or {}).get("setup") or {}]
     return sum(int(r.get("bytes_received", 0)) for r in records)
 
@@ -212,8 +213,10 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
                  + (f" *worst vs {baseline_name}*: per seed, the minimum over nodes of the node's accuracy minus the same "
                     f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds; *aggregated*: the "
                     f"same with each node's model right after aggregation." if show_worst else "")
-                 + (" *Of which before round 1*: the setup exchange (Client2Vec's index), counted where it "
-                    "arrives." if show_setup else ""))
+                 + (" *Of which before round 1*: bytes received before the first round, counted where they "
+                    "arrive: the setup exchange (Client2Vec's index) and the start-up announcements (one control "
+                    "message from each peer to each node, so they grow with the square of the node count)."
+                    if show_setup else ""))
     return "\n".join(lines)
 
 
