@@ -156,12 +156,17 @@ def worst_vs_baseline(runs: Sequence[Mapping[str, Any]], baseline: Sequence[Mapp
     return worst
 
 
+def label_algorithm(label: str) -> str:
+    """The algorithm of a row label: `local[privacy={mode="none"}]` -> `local`."""
+    return label.split("[", 1)[0]
+
+
 def baseline_label(labels: Sequence[str], algorithm: str = "local") -> str | None:
     """The row the `worst vs local` columns measure against: the row labelled `local`, else the one
     row of algorithm `local` (`local[privacy={mode="none"}]` in a privacy sweep); None if neither."""
     if algorithm in labels:
         return algorithm
-    candidates = [label for label in labels if label.split("[", 1)[0] == algorithm]
+    candidates = [label for label in labels if label_algorithm(label) == algorithm]
     return candidates[0] if len(candidates) == 1 else None
 
 
@@ -179,7 +184,7 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
     if show_eps:
         head.append("epsilon")
     show_worst = baseline in rows and len(rows) > 1
-    baseline_name = (baseline or "").split("[", 1)[0]
+    baseline_name = label_algorithm(baseline or "")
     if show_worst:
         head += [f"worst vs {baseline_name}", f"worst aggregated vs {baseline_name}"]
     # Every run has control messages before round 1 (a few hundred bytes per node); a column that
@@ -236,7 +241,6 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
     from p2pfl.scenario.launcher import run_loaded
 
     base = apply_overrides(read_raw(scenario_path), overrides)
-    # Validate every row before the first run starts.
     # Validate every row, and every run --reuse would take, before the first run starts.
     plans = []
     for row in rows:
