@@ -16,6 +16,7 @@ stops the others from serving.
 from __future__ import annotations
 
 import asyncio
+import copy
 import errno
 import json
 import logging
@@ -37,6 +38,7 @@ from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import ENDED_BADLY, Node, NodeParts, RoundCallback
 from p2pfl.runtime.placement import data_to_device, node_device
 from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.safeguard import LocalReference
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.topology import Topology
@@ -72,6 +74,9 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     data = data_to_device(data, device)
     torch.manual_seed(sc.seed + sc.train.seed_offset)  # the same initial model on every node, as FedAvg assumes
     model = build_model(sc.model.name, partition.in_channels, partition.image_size, partition.num_classes).to(device)
+    local_reference = None
+    if sc.algorithm.safeguard == "local":  # Local's initial model and draws, without privacy: it is never shared
+        local_reference = LocalReference(copy.deepcopy(model), LocalTrainer(sc.train, device=device, seed=seed))
     privacy = build_privacy(sc.privacy, n_train=len(data.train), batch_size=sc.train.batch_size,
                             epochs=sc.train.epochs, rounds=sc.rounds, seed=seed)
     if privacy is not None:
@@ -102,6 +107,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         strategy=build_strategy(sc.algorithm.name, sc.algorithm.params),
         fresh_strategy=lambda: build_strategy(sc.algorithm.name, sc.algorithm.params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
+        local_reference=local_reference,
     )
     return Node(config, sc, parts, resume=resume, on_round=on_round)
 

@@ -37,19 +37,20 @@ from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
-from p2pfl.runtime.safeguard import SafeguardChoice, mix
+from p2pfl.runtime.safeguard import LocalReference, SafeguardChoice, mix, prefer_federated
 from p2pfl.runtime.safeguard import choose as choose_mix
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.transport_api import Transport
-from p2pfl.training import LocalTrainer, rng_state_from_hex, rng_state_hex
+from p2pfl.training import LocalTrainer, correct_per_sample, rng_state_from_hex, rng_state_hex
 from p2pfl.wire import Message, NodeKey
 
 if TYPE_CHECKING:
     from p2pfl.scenario.schema import Scenario
 
 PEER_PARTS = ("body", "head", "full")
+LOCAL_REFERENCE_PREFIX = "local_reference/"  # its tensors' names in a checkpoint
 WARN_EVERY = 5  # rounds between two warnings about the same silent peer
 ENDED_BADLY = ("failed", "isolated")  # statuses that make the node's process exit non-zero
 
@@ -79,6 +80,15 @@ class NodeParts:
     counter: ByteCounter
     neighbours: tuple[str, ...]             # whom this node fetches from and waits for (runtime.topology)
     seed: int
+    local_reference: LocalReference | None = None  # with algorithm.safeguard = "local"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    kept_local: bool  # the Local model (algorithm.safeguard = "local") instead of the federated one
+    acc: float        # test accuracy of the deployed model
+    loss: float
+    local_acc: float | None = None  # the Local model's, when there is one
 
 
 class Node:
@@ -99,6 +109,7 @@ class Node:
         self.trainer, self.strategy, self.privacy = parts.trainer, parts.strategy, parts.privacy
         self.fresh_strategy, self.attack, self.key = parts.fresh_strategy, parts.attack, parts.key
         self.counter, self.neighbours = parts.counter, parts.neighbours
+        self.local_reference = parts.local_reference
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
         # Parts besides the model's own (the coordinator's replies, setup parts), as the strategy declares them.
         self.extra: dict[str, PartDecl] = self.strategy.extra_parts(self.model)
@@ -258,8 +269,12 @@ class Node:
         if self.privacy is not None:
             self.privacy.before_publish(self.model, ctx.round_start)
         epsilon = epsilon_for_json(None if self.privacy is None else self.privacy.epsilon())
+        if self.local_reference is not None:
+            clock.switch("train")
+            await asyncio.to_thread(self.local_reference.fit, self.data.train)
         clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        deployed_trained = self._deploy(test_acc, test_loss)
         clock.switch("publish")
         meta = {"n_train": len(self.data.train), **strategy.shared_meta(ctx)}
         if strategy.shared_parts:
@@ -280,17 +295,18 @@ class Node:
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
         refused = self._refuse_non_finite(before)
         safeguard = None
-        if self.scenario.algorithm.safeguard and refused is None:
+        if self.scenario.algorithm.safeguard == "mix" and refused is None:
             safeguard = await asyncio.to_thread(self._safeguard, before)
         clock.switch("evaluate")
-        acc_agg, _ = self.trainer.evaluate(self.model, self.data.test)
+        acc_agg, loss_agg = self.trainer.evaluate(self.model, self.data.test)
+        deployed_aggregated = self._deploy(acc_agg, loss_agg)
         time_record = clock.stop()
         record: dict[str, Any] = {
             "round": r,
             "participated": True,
-            "test_acc": test_acc,
-            "test_loss": test_loss,
-            "test_acc_aggregated": acc_agg,
+            "test_acc": deployed_trained.acc,
+            "test_loss": deployed_trained.loss,
+            "test_acc_aggregated": deployed_aggregated.acc,
             "train_loss": fit.loss,
             "train_steps": fit.steps,
             **self.counter.round_summary(r),
@@ -308,6 +324,10 @@ class Node:
         if safeguard is not None:
             record["safeguard_kept_own"] = safeguard.kept_own
             record["safeguard_weight"] = safeguard.weight
+        if self.local_reference is not None:  # what each model scored, besides the one deployed
+            record.update(test_acc_federated=test_acc, test_acc_federated_aggregated=acc_agg,
+                          test_acc_local=deployed_trained.local_acc, safeguard_kept_own_trained=deployed_trained.kept_local,
+                          safeguard_kept_own=deployed_aggregated.kept_local)
         self.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                       r, self.scenario.rounds, test_acc, acc_agg, len(record["arrived"]), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
@@ -325,6 +345,18 @@ class Node:
         choice = choose_mix(own, aggregate, score)
         self.model.load_state_dict(mix(own, aggregate, choice.weight))
         return choice
+
+    def _deploy(self, federated_acc: float, federated_loss: float) -> Deployment:
+        """Which model the node deploys now, and its test score: the federated model as it is,
+        or with `algorithm.safeguard = "local"` the node's Local model unless the validation
+        split shows the federated one is better (`p2pfl.runtime.safeguard.prefer_federated`)."""
+        if self.local_reference is None:
+            return Deployment(False, federated_acc, federated_loss)
+        local = self.local_reference.model
+        local_acc, local_loss = self.trainer.evaluate(local, self.data.test)
+        if prefer_federated(correct_per_sample(self.model, self.data.val), correct_per_sample(local, self.data.val)):
+            return Deployment(False, federated_acc, federated_loss, local_acc)
+        return Deployment(True, local_acc, local_loss, local_acc)
 
     def _warn_silent(self, r: int, silent: set[str]) -> None:
         """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY rounds."""
@@ -345,13 +377,17 @@ class Node:
         await self.endpoint.sit_out(r)
         clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        deployed = self._deploy(test_acc, test_loss)
+        scores = {} if self.local_reference is None else {
+            "test_acc_federated": test_acc, "test_acc_federated_aggregated": test_acc, "test_acc_local": deployed.local_acc,
+            "safeguard_kept_own_trained": deployed.kept_local, "safeguard_kept_own": deployed.kept_local}
         time_record = clock.stop()
         return {
-            "round": r, "participated": False, "test_acc": test_acc, "test_loss": test_loss,
-            "test_acc_aggregated": test_acc, "train_loss": None, "train_steps": 0,
+            "round": r, "participated": False, "test_acc": deployed.acc, "test_loss": deployed.loss,
+            "test_acc_aggregated": deployed.acc, "train_loss": None, "train_steps": 0,
             **self.counter.round_summary(r), "wall_s": sum(time_record.values()), "started_at": started_at,
             "time": time_record, "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
-            "asked": 0, "arrived": [], "stale": [], "strategy": {},
+            "asked": 0, "arrived": [], "stale": [], "strategy": {}, **scores,
         }
 
     def _refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
@@ -441,6 +477,8 @@ class Node:
             "torch": rng_state_hex(torch.get_rng_state()),
             "cuda": rng_state_hex(torch.cuda.get_rng_state(self.device)) if self.device.type == "cuda" else None,
         }
+        if self.local_reference is not None:
+            rng["local_reference"] = rng_state_hex(self.local_reference.trainer.generator.get_state())
         return {
             **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
             "strategy": self.strategy.state_dict(),
@@ -450,8 +488,15 @@ class Node:
             "rng": rng,
         }
 
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The model's tensors, and the Local reference's under LOCAL_REFERENCE_PREFIX."""
+        tensors = dict(self.model.state_dict())
+        if self.local_reference is not None:
+            tensors.update({LOCAL_REFERENCE_PREFIX + k: v for k, v in self.local_reference.model.state_dict().items()})
+        return tensors
+
     def write_checkpoint(self) -> None:
-        save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.key, node_id=self.config.id,
+        save_checkpoint(self.checkpoint_path, self.checkpoint_tensors(), key=self.key, node_id=self.config.id,
                         round_=len(self.rounds), extra=self.checkpoint_state())
 
     def checkpoint_state_from_disk(self) -> dict[str, Any]:
@@ -467,7 +512,8 @@ class Node:
         path, cfg = self.checkpoint_path, self.config
         tensors, doc = read_resumable(path, node_id=cfg.id, public_hex=self.key.public_hex,
                                       scenario=self.scenario.to_dict(), rounds=self.scenario.rounds,
-                                      spec=part_spec(self.model, "full"))
+                                      spec={k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
+                                            for k, v in self.checkpoint_tensors().items()})
         rounds = doc["rounds"]
         strategy = self.fresh_strategy()
         try:  # on a fresh strategy first: a state that does not fit leaves the node untouched
@@ -475,10 +521,17 @@ class Node:
             rng = np.random.default_rng()
             rng.bit_generator.state = doc["rng"]["ctx"]
             rng.bit_generator.state = doc["rng"]["participation"]
+            if self.local_reference is not None:
+                rng_state_from_hex(doc["rng"]["local_reference"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {path}: state does not fit {self.scenario.algorithm.name}: {exc!r}") from None
         self.strategy.load_state_dict(doc["strategy"])
-        self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items()})
+        self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items() if not k.startswith(LOCAL_REFERENCE_PREFIX)})
+        if self.local_reference is not None:
+            n = len(LOCAL_REFERENCE_PREFIX)
+            self.local_reference.model.load_state_dict(
+                {k[n:]: v.to(self.device) for k, v in tensors.items() if k.startswith(LOCAL_REFERENCE_PREFIX)})
+            self.local_reference.trainer.generator.set_state(rng_state_from_hex(doc["rng"]["local_reference"]))
         if self.privacy is not None:
             self.privacy.load_state_dict(doc["privacy"])
         self.trainer.generator.set_state(rng_state_from_hex(doc["rng"]["trainer"]))

@@ -1,22 +1,40 @@
-"""The safeguard (`algorithm.safeguard = true`): no node worse off for joining.
+"""The safeguard: no node worse off for joining. Two kinds, chosen by `algorithm.safeguard`:
 
-After aggregation a node scores mixes `w * aggregate + (1 - w) * own` of the aggregate and
-its own freshly trained model on its validation split, for w on a small grid (0 is its own
-model, 1 the aggregate), and keeps the best: highest validation accuracy, then lowest loss,
-then the largest w (on a tie the node keeps learning from its peers). Knows no algorithm:
-it only sees two state dicts and a scoring function, so it applies to every strategy.
+* `true` (or `"mix"`): after aggregation a node scores mixes `w * aggregate + (1 - w) * own`
+  of the aggregate and its own freshly trained model on its validation split, for w on a
+  small grid (0 is its own model, 1 the aggregate), and keeps the best: highest validation
+  accuracy, then lowest loss, then the largest w (on a tie the node keeps learning from its
+  peers). The kept model is what the node trains and shares next.
+* `"local"`: the node also trains the model it would have alone (`LocalReference`: Local's
+  own initial weights and training draws, never shared, so it needs no privacy noise), and
+  deploys the federated model only where the validation split gives evidence that it is
+  better (`prefer_federated`, a one-sided sign test on the samples the two models disagree
+  on); otherwise it deploys its Local model. Only what the node deploys (and is scored on)
+  changes: the federated model trains, is shared and aggregated exactly as without it.
+
+Knows no algorithm: it only sees models, state dicts and scoring functions, so it applies to
+every strategy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
+
+from p2pfl.training import LocalTrainer
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 State = Mapping[str, torch.Tensor]
+KINDS = ("mix", "local")
+# One-sided 5 % level: how many more validation samples (in standard deviations of a fair
+# coin over the samples the two models disagree on) the federated model must get right.
+EVIDENCE_Z = 1.645
 
 
 @dataclass(frozen=True)
@@ -48,3 +66,30 @@ def choose(own: State, aggregate: State, score: Callable[[Mapping[str, torch.Ten
     scores = {w: score(mix(own, aggregate, w)) for w in grid}
     best = max(scores, key=lambda w: (scores[w][0], -scores[w][1], w))
     return SafeguardChoice(best, scores)
+
+
+def prefer_federated(federated_correct: torch.Tensor, local_correct: torch.Tensor, z: float = EVIDENCE_Z) -> bool:
+    """Whether per-sample correctness on the validation split is evidence that the federated
+    model beats the Local one: of the n samples where exactly one of them is right, the
+    federated model wins b and loses c, and b - c > z * sqrt(n) (a sign test: under "equally
+    good", b - c has mean 0 and standard deviation sqrt(n)). Ties and thin evidence keep Local."""
+    if federated_correct.shape != local_correct.shape:
+        raise ValueError(f"scored on different splits: {tuple(federated_correct.shape)} and {tuple(local_correct.shape)}")
+    wins = int((federated_correct & ~local_correct).sum())
+    losses = int((local_correct & ~federated_correct).sum())
+    return wins - losses > z * math.sqrt(wins + losses)
+
+
+class LocalReference:
+    """The model this node would have without peers, trained beside the federated one.
+
+    Built from the same initial weights and a trainer with the same seed as the node's own,
+    it follows the run of `algorithm.name = "local"` draw for draw: same batches, same
+    updates, so a node that deploys it is exactly its Local self. Never published.
+    """
+
+    def __init__(self, model: nn.Module, trainer: LocalTrainer) -> None:
+        self.model, self.trainer = model, trainer
+
+    def fit(self, split: Any) -> None:
+        self.trainer.fit(self.model, split)

@@ -27,6 +27,7 @@ else:  # pragma: no cover
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
 from p2pfl.runtime.precision import WIRE_PRECISIONS
+from p2pfl.runtime.safeguard import KINDS as SAFEGUARD_KINDS
 from p2pfl.runtime.topology import Topology
 from p2pfl.training import TrainConfig
 
@@ -43,6 +44,16 @@ def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
         raise ConfigError(where, f"expected {'/'.join(k.__name__ for k in kinds)}, got a boolean")
     if not isinstance(value, kinds):
         raise ConfigError(where, f"expected {'/'.join(k.__name__ for k in kinds)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _safeguard_kind(value: Any) -> str | None:
+    """`algorithm.safeguard`: false (off), true or "mix", or "local" (see p2pfl.runtime.safeguard)."""
+    value = _typed(value, (bool, str), "algorithm.safeguard")
+    if isinstance(value, bool):
+        return "mix" if value else None
+    if value not in SAFEGUARD_KINDS:
+        raise ConfigError("algorithm.safeguard", f"unknown safeguard {value!r}; use true, false, or one of {SAFEGUARD_KINDS}")
     return value
 
 
@@ -70,7 +81,9 @@ class ModelSpec:
 class AlgorithmSpec:
     name: str = "fedavg"
     params: Mapping[str, Any] = field(default_factory=dict)
-    safeguard: bool = False  # keep the best mix of own and aggregate on the validation split (runtime.safeguard)
+    # None, "mix" (`true` in a file: keep the best mix of own and aggregate) or "local" (deploy the
+    # federated model only where validation shows it beats the node's Local one); see runtime.safeguard.
+    safeguard: str | None = None
 
 
 PLACEMENTS = ("process", "shared", "ray")
@@ -145,8 +158,8 @@ class Scenario:
         for key in ("data", "model", "train", "runtime", "privacy"):
             out[key] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(getattr(self, key)).items()}
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
-        if self.algorithm.safeguard:  # absent when off: old run folders still match
-            out["algorithm"]["safeguard"] = True
+        if self.algorithm.safeguard is not None:  # absent when off: old run folders still match
+            out["algorithm"]["safeguard"] = True if self.algorithm.safeguard == "mix" else self.algorithm.safeguard
         if self.attack is not None and self.attack.kind != "none":  # absent when off: old run folders still match
             out["attack"] = {**dataclasses.asdict(self.attack), "nodes": list(self.attack.nodes)}
         return out
@@ -202,7 +215,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     strategy = build_strategy(algo_name, params)  # validates the parameters now, before any process starts
     # A coordinator that answers every round holds one global model and waits for every node.
     global_step = strategy.needs_coordinator and getattr(strategy.coordinator, "round_kind", None) is not None
-    safeguard = _typed(algo_table.get("safeguard", False), bool, "algorithm.safeguard")
+    safeguard = _safeguard_kind(algo_table.get("safeguard", False))
     algorithm = AlgorithmSpec(algo_name, dict(params), safeguard)
     train = _dataclass_from_table(TrainConfig, raw.get("train", {}), "train")
     runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")

@@ -7,7 +7,7 @@ algorithm and no network.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -222,21 +222,34 @@ def evaluate_logits(forward: Callable[[torch.Tensor], torch.Tensor], module: nn.
                     batch_size: int = 1024) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of `forward(x)` on `split`, on `module`'s device and with
     `module` in eval mode (`forward` may be `module` itself or a functional call on it)."""
-    x, y = _split_tensors(split)
-    if len(y) == 0:
+    n = len(_split_tensors(split)[1])
+    if n == 0:
         return float("nan"), float("nan")
+    correct, loss_sum = 0, 0.0
+    for logits, yb in _eval_batches(forward, module, split, batch_size):
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    return correct / n, loss_sum / n
+
+
+@torch.no_grad()
+def correct_per_sample(model: nn.Module, split: Any, batch_size: int = 1024) -> torch.Tensor:
+    """Which samples of `split` `model` classifies right (bool, on the CPU), in eval mode."""
+    hits = [(logits.argmax(1) == yb).cpu() for logits, yb in _eval_batches(model, model, split, batch_size)]
+    return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
+
+
+def _eval_batches(forward: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, split: Any,
+                  batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) per batch on `module`'s device, `module` in eval mode meanwhile."""
+    x, y = _split_tensors(split)
     first = next(module.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")
     was_training = module.training
     module.eval()
-    correct, loss_sum = 0, 0.0
     try:
         for start in range(0, len(y), batch_size):
-            xb = x[start : start + batch_size].to(device)
             yb = y[start : start + batch_size].to(device)
-            logits = forward(xb)
-            loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(1) == yb).sum())
+            yield forward(x[start : start + batch_size].to(device)), yb
     finally:
         module.train(was_training)
-    return correct / len(y), loss_sum / len(y)

@@ -45,6 +45,25 @@ def test_a_restored_node_is_the_node_that_wrote_the_checkpoint(tmp_path: Path) -
     assert clone.counter.totals() == original.counter.totals()
 
 
+def test_a_restored_node_has_its_local_reference_back(tmp_path: Path) -> None:
+    """With algorithm.safeguard = "local" the checkpoint also holds the Local model and its
+    trainer's random stream, so a resumed node goes on deploying what it would have."""
+    path = write_tiny(tmp_path, nodes=3, rounds=2, samples=60, timeout=5.0)
+    nodes, _ = build_in_process(path, tmp_path / "run", ('algorithm.safeguard="local"',))
+    run_in_process(nodes, None)
+    original = nodes[0]
+    clone = assemble_node(original.config, original.scenario, resume=True)
+    assert clone.restore() == 2
+    assert original.local_reference is not None and clone.local_reference is not None
+    for k, v in original.model.state_dict().items():
+        assert torch.equal(clone.model.state_dict()[k], v), k
+    local, restored = original.local_reference, clone.local_reference
+    assert not all(torch.equal(local.model.state_dict()[k], v) for k, v in original.model.state_dict().items())
+    for k, v in local.model.state_dict().items():
+        assert torch.equal(restored.model.state_dict()[k], v), k
+    assert torch.equal(torch.rand(3, generator=restored.trainer.generator), torch.rand(3, generator=local.trainer.generator))
+
+
 def test_bad_checkpoints_are_refused_and_nothing_is_loaded(tmp_path: Path) -> None:
     nodes = _pfedsv_nodes(tmp_path)
     run_in_process(nodes, None)

@@ -1,5 +1,6 @@
 """algorithm.safeguard: after aggregation a node keeps the mix of its own trained model and the
-aggregate that scores best on its validation split."""
+aggregate that scores best on its validation split (`true`), or deploys its Local model unless
+validation shows the federated one is better (`"local"`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.safeguard import GRID, choose, mix
+from p2pfl.runtime.safeguard import GRID, choose, mix, prefer_federated
 from p2pfl.scenario.schema import load_scenario
 
 from .helpers import build_in_process, run_in_process, write_tiny
@@ -51,10 +52,55 @@ def _weight_of(state, own, agg) -> float:
 
 
 def test_safeguard_is_refused_where_it_cannot_apply(tmp_path) -> None:
+    for kind in ("true", '"local"'):
+        with pytest.raises(ConfigError, match="algorithm.safeguard"):
+            load_scenario(write_tiny(tmp_path, algorithm="di"), [f"algorithm.safeguard={kind}"])
+        with pytest.raises(ConfigError, match="val_fraction"):
+            load_scenario(write_tiny(tmp_path), [f"algorithm.safeguard={kind}", "data.val_fraction=0"])
+    with pytest.raises(ConfigError, match="algorithm.safeguard.*'always'"):
+        load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="always"'])
     with pytest.raises(ConfigError, match="algorithm.safeguard"):
-        load_scenario(write_tiny(tmp_path, algorithm="di"), ["algorithm.safeguard=true"])
-    with pytest.raises(ConfigError, match="val_fraction"):
-        load_scenario(write_tiny(tmp_path), ["algorithm.safeguard=true", "data.val_fraction=0"])
+        load_scenario(write_tiny(tmp_path), ["algorithm.safeguard=1"])
+
+
+def test_safeguard_kinds_round_trip_through_the_resolved_scenario(tmp_path) -> None:
+    for written, kind, stored in (("false", None, None), ("true", "mix", True), ('"mix"', "mix", True),
+                                  ('"local"', "local", "local")):
+        sc = load_scenario(write_tiny(tmp_path), [f"algorithm.safeguard={written}"])
+        assert sc.algorithm.safeguard == kind
+        assert sc.to_dict()["algorithm"].get("safeguard") == stored  # `true` as before: old run folders still match
+
+
+def _correct(pattern: str) -> torch.Tensor:
+    return torch.tensor([c == "1" for c in pattern])
+
+
+def test_prefer_federated_needs_evidence_on_the_samples_where_the_models_disagree() -> None:
+    same = _correct("1101100111")
+    assert not prefer_federated(same, same)  # a tie keeps Local
+    # Agreement, right or wrong, is no evidence: only the disagreements count.
+    assert not prefer_federated(_correct("1100000000"), _correct("0000000000"))  # 2 - 0 <= 1.645 * sqrt(2)
+    assert prefer_federated(_correct("1110000000"), _correct("0000000000"))      # 3 - 0 >  1.645 * sqrt(3)
+    assert prefer_federated(_correct("1111111110"), _correct("0000000001"))      # 9 - 1 >  1.645 * sqrt(10)
+    assert not prefer_federated(_correct("1111111000"), _correct("0000000111"))  # 7 - 3 <= 1.645 * sqrt(10)
+    assert not prefer_federated(_correct("0000000000"), _correct("1110000000"))  # Local better: never federated
+    assert prefer_federated(_correct("1100000000"), _correct("0000000000"), z=1.0)  # a laxer level
+    with pytest.raises(ValueError, match="different splits"):
+        prefer_federated(_correct("11"), _correct("111"))
+
+
+def test_prefer_federated_errs_at_about_its_level_when_the_models_are_equally_good() -> None:
+    """Under "equally good" (each disagreement a fair coin) the federated model is preferred in
+    about 5 % of draws: the one-sided level of EVIDENCE_Z, checked by simulation."""
+    g = torch.Generator().manual_seed(0)
+    draws = 4000
+    preferred = 0
+    for _ in range(draws):
+        both = torch.rand(200, generator=g) < 0.8  # where they agree: both right or both wrong
+        disagree = torch.rand(200, generator=g) < 0.15
+        coin = torch.rand(200, generator=g) < 0.5  # where they disagree: which one is right
+        preferred += prefer_federated(torch.where(disagree, coin, both), torch.where(disagree, ~coin, both))
+    assert 0.02 < preferred / draws < 0.065, preferred / draws
 
 
 @pytest.mark.slow
@@ -76,3 +122,29 @@ def test_with_two_classes_per_node_the_safeguard_keeps_what_fedavg_loses(tmp_pat
             assert all(r["safeguard_kept_own"] == (r["safeguard_weight"] == 0.0) for r in rounds)
     assert gaps[True] >= -0.05, gaps
     assert gaps[False] < -0.3, gaps  # what the safeguard prevents
+
+
+@pytest.mark.slow
+def test_the_local_safeguard_deploys_exactly_the_local_run_or_exactly_the_federated_run(tmp_path) -> None:
+    """The Local reference follows the `local` run draw for draw, the federated model the run
+    without the safeguard: both bit for bit. Each round the node deploys one of the two."""
+    split = ('data.partition="pathological"', "data.classes_per_node=2", "data.val_fraction=0.3")
+    runs = {}
+    for name, extra in (("local", ('algorithm.name="local"',)), ("fedavg", ()),
+                        ("guarded", ('algorithm.safeguard="local"',))):
+        nodes, _ = build_in_process(write_tiny(tmp_path, nodes=5, rounds=3, samples=90), tmp_path / name,
+                                    (*split, *extra))
+        results, _, _ = run_in_process(nodes, None)
+        assert all(r["status"] == "ok" for r in results), [r["error"] for r in results]
+        runs[name] = {r["id"]: r["rounds"] for r in results}
+    kept = []
+    for node, rounds in runs["guarded"].items():
+        for r, local, fedavg in zip(rounds, runs["local"][node], runs["fedavg"][node]):
+            assert r["test_acc_local"] == local["test_acc"]
+            assert r["test_acc_federated"] == fedavg["test_acc"]
+            assert r["test_acc_federated_aggregated"] == fedavg["test_acc_aggregated"]
+            assert r["test_acc"] == (local["test_acc"] if r["safeguard_kept_own_trained"] else fedavg["test_acc"])
+            assert r["test_acc_aggregated"] == (local["test_acc"] if r["safeguard_kept_own"]
+                                                else fedavg["test_acc_aggregated"])
+            kept.append(r["safeguard_kept_own"])
+    assert any(kept), "on two classes per node the FedAvg average should lose to Local somewhere"
