@@ -9,7 +9,7 @@ Imports nothing from p2pfl except :class:`p2pfl.errors.ConfigError`.
 """
 
 from .cache import cache_dir, clear_cache
-from .digits import DOMAIN_SIZES, load_domain, load_mnist
+from .digits import DOMAIN_SIZES, data_fingerprint, load_domain, load_mnist
 from .local import load_cifar, load_idx, read_idx
 from .partition import build_partition, prepare
 from .show import show

@@ -15,6 +15,12 @@ Every domain is stored as uint8 (N, C, 28, 28) with int64 labels, generated
 deterministically from :data:`BUILD_SEED` and cached as ``.npz`` (see :mod:`.cache`).
 ``mnistm`` and ``usps`` are derived from the same 5000 MNIST images as ``mnist`` (as the
 real MNIST-M is derived from MNIST): same writers, different appearance.
+
+``synth`` depends on the fonts installed: a package that adds fonts (Chromium pulls in
+fonts-liberation) changes it, and with it every number measured on it. Its cache file and
+every run's results carry :func:`font_fingerprint`; set ``P2PFL_FONT_DIRS`` (folders
+separated by ``os.pathsep``, default ``/usr/share/fonts``) to pin the font set, e.g. to
+the folder that held the fonts when a table was made.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import gzip
 import hashlib
 import os
 import zlib
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,6 +43,7 @@ BUILD_SEED = 20240917
 DOMAIN_SIZES = {"mnist": 5000, "uci": 1797, "synth": 5000, "mnistm": 5000, "usps": 5000}
 GREY_DOMAINS = ("mnist", "uci", "usps")
 FONT_DIRS = ("/usr/share/fonts",)
+FONT_DIRS_ENV = "P2PFL_FONT_DIRS"
 
 
 # ---------------------------------------------------------------------------- mnist (real)
@@ -202,9 +210,15 @@ def build_mnistm(seed: int = BUILD_SEED) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------- synth
+def font_dirs() -> tuple[str, ...]:
+    """Where synth's system fonts come from: $P2PFL_FONT_DIRS, read at every call, else FONT_DIRS."""
+    env = os.environ.get(FONT_DIRS_ENV)
+    return tuple(d for d in env.split(os.pathsep) if d) if env is not None else FONT_DIRS
+
+
 def _font_files() -> list[str]:
     files: list[str] = []
-    for root in FONT_DIRS:
+    for root in font_dirs():
         if os.path.isdir(root):
             for dirpath, _, names in os.walk(root):
                 files.extend(os.path.join(dirpath, n) for n in names if n.lower().endswith((".ttf", ".otf")))
@@ -317,6 +331,13 @@ def cache_name(domain: str, seed: int = BUILD_SEED) -> str:
     if domain == "synth":
         name += f"-{font_fingerprint()}"
     return name
+
+
+def data_fingerprint(domains: Sequence[str]) -> dict[str, str]:
+    """What the data of digits `domains` depends on besides this package's code, per domain where that
+    is something of the machine's (synth: its fonts, Pillow and FreeType); recorded in each
+    run's results so that runs made on different data are not compared by mistake."""
+    return {d: cache_name(d) for d in domains if d == "synth"}
 
 
 def load_domain(domain: str, seed: int = BUILD_SEED) -> tuple[np.ndarray, np.ndarray]:

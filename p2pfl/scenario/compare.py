@@ -238,7 +238,7 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
 
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
                 *, reuse: bool = False, progress: bool = True) -> int:
-    from p2pfl.scenario.launcher import run_loaded
+    from p2pfl.scenario.launcher import run_loaded, scenario_data_fingerprint
 
     base = apply_overrides(read_raw(scenario_path), overrides)
     # Validate every row, and every run --reuse would take, before the first run starts.
@@ -257,6 +257,11 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
                     raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {row.label!r} "
                                                  f"asks for ({', '.join(differ[:5])} differ); move it away or pick "
                                                  "another --out")
+                made_on, here = stored.get("data_fingerprint"), scenario_data_fingerprint(scenario)
+                if made_on is not None and made_on != here:  # older runs carry none: nothing to check
+                    raise ConfigError("--reuse", f"{run_dir} was run on other data than this machine makes ({made_on} "
+                                                 f"there, {here} here: the synth domain depends on the fonts installed); "
+                                                 "pin the fonts with $P2PFL_FONT_DIRS, or run it again elsewhere")
             plans.append((row, seed, scenario, run_dir, stored))
     out.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, list[dict[str, Any]]] = {row.label: [] for row in rows}

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from p2pfl.algorithms import needs_coordinator as algorithm_needs_coordinator
 from p2pfl.assembly import PROGRESS_PREFIX
-from p2pfl.data import build_partition
+from p2pfl.data import build_partition, data_fingerprint
 from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
@@ -102,6 +102,11 @@ def _process_plan(scenario: Scenario, node_paths: list[Path]) -> dict[str, list[
         return {p.stem: [p] for p in node_paths}
     workers = min(scenario.runtime.workers or os.cpu_count() or 1, len(node_paths))
     return {f"worker-{w}": node_paths[w::workers] for w in range(workers)}
+
+
+def scenario_data_fingerprint(scenario: Scenario) -> dict[str, str]:
+    """What the scenario's data depends on on this machine (p2pfl.data.data_fingerprint)."""
+    return data_fingerprint(scenario.data.resolved_domains()) if scenario.data.dataset == "digits" else {}
 
 
 async def _spawn(args: Sequence[str], log_path: Path, threads: int) -> asyncio.subprocess.Process:
@@ -310,6 +315,7 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
                                        dashboard_port=dashboard_port))
     wall_s = time.perf_counter() - started
     results = build_results(scenario, out, codes, wall_s, partition.ground_truth())
+    results["data_fingerprint"] = scenario_data_fingerprint(scenario)
     scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
     if scores is not None:
         results["relevance_scores"] = scores
