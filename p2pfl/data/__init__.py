@@ -28,6 +28,7 @@ __all__ = [
     "build_partition",
     "cache_dir",
     "clear_cache",
+    "data_fingerprint",
     "load_cifar",
     "load_domain",
     "load_idx",

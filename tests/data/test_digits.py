@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,25 @@ from tests.data.helpers import mnist_to_all_domains
 from p2pfl.data import DIGIT_DOMAINS, DOMAIN_SIZES, cache_dir, clear_cache, load_domain
 from p2pfl.data import digits
 from p2pfl.data.cache import cached
+
+
+def test_synth_fonts_come_from_the_folders_p2pfl_font_dirs_names(tmp_path, monkeypatch):
+    monkeypatch.delenv(digits.FONT_DIRS_ENV, raising=False)
+    assert digits.font_dirs() == digits.FONT_DIRS
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "sub").mkdir(parents=True)
+    b.mkdir()
+    (a / "sub" / "One.TTF").write_bytes(b"1")
+    (b / "Two.otf").write_bytes(b"22")
+    (b / "notes.txt").write_bytes(b"not a font")
+    monkeypatch.setenv(digits.FONT_DIRS_ENV, f"{a}{os.pathsep}{b}")
+    assert digits._font_files() == sorted([str(a / "sub" / "One.TTF"), str(b / "Two.otf")])
+    both = digits.font_fingerprint()
+    monkeypatch.setenv(digits.FONT_DIRS_ENV, str(a))
+    assert digits._font_files() == [str(a / "sub" / "One.TTF")]
+    assert digits.font_fingerprint() != both  # another font set is other synth data: another cache file
+    assert digits.data_fingerprint(["mnist", "synth"]) == {"synth": digits.cache_name("synth")}
+    assert digits.cache_name("synth").endswith(digits.font_fingerprint())
 
 
 def test_cache_lives_in_the_folder_the_env_var_names(data_cache):

@@ -115,6 +115,39 @@ def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_
     assert not compare_run(tmp_path / "cmp", rows[0].label, 4).exists()
 
 
+def test_compare_reuse_refuses_a_run_made_on_other_synth_data(tmp_path, monkeypatch):
+    """synth is rendered from the machine's fonts: a run made when other fonts were installed
+    measured other data, and is refused with the way to pin the fonts."""
+    import json
+
+    from p2pfl.data.digits import FONT_DIRS_ENV, cache_name
+    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    text = path.read_text().replace('dataset = "mnist"\npartition = "iid"',
+                                    'dataset = "digits"\npartition = "domain"\ndomains = ["mnist", "synth"]')
+    path.write_text(text)
+    rows = parse_algorithms("local")
+    raw = row_raw(read_raw(path), rows[0])
+    raw["seed"] = 0
+    run = compare_run(tmp_path / "cmp", rows[0].label, 0)
+    run.mkdir(parents=True)
+    fonts = tmp_path / "fonts"
+    fonts.mkdir()
+    monkeypatch.setenv(FONT_DIRS_ENV, str(fonts))
+    made_on = {"synth": cache_name("synth")}
+    (run / "results.json").write_text(json.dumps({
+        "scenario": scenario_from_dict(raw).to_dict(), "data_fingerprint": made_on,
+        "nodes": [{"id": "node-0", "rounds": [], "final_test_acc": 0.5}],
+        "summary": {"mean_acc": 0.5, "mean_acc_aggregated": 0.5, "total_bytes": 0, "wall_s": 1.0, "nodes_failed": 0}}))
+    assert run_compare(path, rows, [0], tmp_path / "cmp", reuse=True, progress=False) == 0  # same fonts: taken
+    (fonts / "Extra.ttf").write_bytes(b"a font installed since")
+    assert cache_name("synth") != made_on["synth"]
+    with pytest.raises(ConfigError, match="other data.*P2PFL_FONT_DIRS") as info:
+        run_compare(path, rows, [0], tmp_path / "cmp", reuse=True, progress=False)
+    assert info.value.field == "--reuse"
+
+
 def test_resume_refuses_a_run_folder_of_another_scenario_naming_the_fields(tmp_path):
     import json
 
