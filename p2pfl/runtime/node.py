@@ -37,7 +37,7 @@ from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
-from p2pfl.runtime.safeguard import LocalReference, SafeguardChoice, mix, prefer_federated
+from p2pfl.runtime.safeguard import LocalReference, SafeguardChoice, disagreements, mix, prefer_federated
 from p2pfl.runtime.safeguard import choose as choose_mix
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
@@ -89,6 +89,7 @@ class Deployment:
     acc: float        # test accuracy of the deployed model
     loss: float
     local_acc: float | None = None  # the Local model's, when there is one
+    evidence: tuple[int, int] | None = None  # the federated model's validation (wins, losses) against Local
 
 
 class Node:
@@ -327,7 +328,10 @@ class Node:
         if self.local_reference is not None:  # what each model scored, besides the one deployed
             record.update(test_acc_federated=test_acc, test_acc_federated_aggregated=acc_agg,
                           test_acc_local=deployed_trained.local_acc, safeguard_kept_own_trained=deployed_trained.kept_local,
-                          safeguard_kept_own=deployed_aggregated.kept_local)
+                          safeguard_kept_own=deployed_aggregated.kept_local,
+                          # (wins, losses) on validation: another level can be judged from the records
+                          safeguard_evidence_trained=deployed_trained.evidence,
+                          safeguard_evidence=deployed_aggregated.evidence)
         self.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                       r, self.scenario.rounds, test_acc, acc_agg, len(record["arrived"]), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
@@ -354,9 +358,10 @@ class Node:
             return Deployment(False, federated_acc, federated_loss)
         local = self.local_reference.model
         local_acc, local_loss = self.trainer.evaluate(local, self.data.test)
-        if prefer_federated(correct_per_sample(self.model, self.data.val), correct_per_sample(local, self.data.val)):
-            return Deployment(False, federated_acc, federated_loss, local_acc)
-        return Deployment(True, local_acc, local_loss, local_acc)
+        evidence = disagreements(correct_per_sample(self.model, self.data.val), correct_per_sample(local, self.data.val))
+        if prefer_federated(*evidence):
+            return Deployment(False, federated_acc, federated_loss, local_acc, evidence)
+        return Deployment(True, local_acc, local_loss, local_acc, evidence)
 
     def _warn_silent(self, r: int, silent: set[str]) -> None:
         """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY rounds."""
@@ -380,7 +385,8 @@ class Node:
         deployed = self._deploy(test_acc, test_loss)
         scores = {} if self.local_reference is None else {
             "test_acc_federated": test_acc, "test_acc_federated_aggregated": test_acc, "test_acc_local": deployed.local_acc,
-            "safeguard_kept_own_trained": deployed.kept_local, "safeguard_kept_own": deployed.kept_local}
+            "safeguard_kept_own_trained": deployed.kept_local, "safeguard_kept_own": deployed.kept_local,
+            "safeguard_evidence_trained": deployed.evidence, "safeguard_evidence": deployed.evidence}
         time_record = clock.stop()
         return {
             "round": r, "participated": False, "test_acc": deployed.acc, "test_loss": deployed.loss,

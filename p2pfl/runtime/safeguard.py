@@ -68,15 +68,18 @@ def choose(own: State, aggregate: State, score: Callable[[Mapping[str, torch.Ten
     return SafeguardChoice(best, scores)
 
 
-def prefer_federated(federated_correct: torch.Tensor, local_correct: torch.Tensor, z: float = EVIDENCE_Z) -> bool:
-    """Whether per-sample correctness on the validation split is evidence that the federated
-    model beats the Local one: of the n samples where exactly one of them is right, the
-    federated model wins b and loses c, and b - c > z * sqrt(n) (a sign test: under "equally
-    good", b - c has mean 0 and standard deviation sqrt(n)). Ties and thin evidence keep Local."""
+def disagreements(federated_correct: torch.Tensor, local_correct: torch.Tensor) -> tuple[int, int]:
+    """(wins, losses) of the federated model on the samples where exactly one of the two is right."""
     if federated_correct.shape != local_correct.shape:
         raise ValueError(f"scored on different splits: {tuple(federated_correct.shape)} and {tuple(local_correct.shape)}")
-    wins = int((federated_correct & ~local_correct).sum())
-    losses = int((local_correct & ~federated_correct).sum())
+    return int((federated_correct & ~local_correct).sum()), int((local_correct & ~federated_correct).sum())
+
+
+def prefer_federated(wins: int, losses: int, z: float = EVIDENCE_Z) -> bool:
+    """Whether `disagreements` on the validation split are evidence that the federated model
+    beats the Local one: wins - losses > z * sqrt(wins + losses) (a sign test: under "equally
+    good", wins - losses has mean 0 and standard deviation sqrt(wins + losses)). Ties and thin
+    evidence keep Local."""
     return wins - losses > z * math.sqrt(wins + losses)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.safeguard import GRID, choose, mix, prefer_federated
+from p2pfl.runtime.safeguard import GRID, choose, disagreements, mix, prefer_federated
 from p2pfl.scenario.schema import load_scenario
 
 from .helpers import build_in_process, run_in_process, write_tiny
@@ -75,18 +75,23 @@ def _correct(pattern: str) -> torch.Tensor:
     return torch.tensor([c == "1" for c in pattern])
 
 
+def _prefer(federated: str, local: str, **kw) -> bool:
+    return prefer_federated(*disagreements(_correct(federated), _correct(local)), **kw)
+
+
 def test_prefer_federated_needs_evidence_on_the_samples_where_the_models_disagree() -> None:
     same = _correct("1101100111")
-    assert not prefer_federated(same, same)  # a tie keeps Local
+    assert disagreements(same, same) == (0, 0) and not prefer_federated(0, 0)  # a tie keeps Local
+    assert disagreements(_correct("1100110000"), _correct("0100001100")) == (3, 2)
     # Agreement, right or wrong, is no evidence: only the disagreements count.
-    assert not prefer_federated(_correct("1100000000"), _correct("0000000000"))  # 2 - 0 <= 1.645 * sqrt(2)
-    assert prefer_federated(_correct("1110000000"), _correct("0000000000"))      # 3 - 0 >  1.645 * sqrt(3)
-    assert prefer_federated(_correct("1111111110"), _correct("0000000001"))      # 9 - 1 >  1.645 * sqrt(10)
-    assert not prefer_federated(_correct("1111111000"), _correct("0000000111"))  # 7 - 3 <= 1.645 * sqrt(10)
-    assert not prefer_federated(_correct("0000000000"), _correct("1110000000"))  # Local better: never federated
-    assert prefer_federated(_correct("1100000000"), _correct("0000000000"), z=1.0)  # a laxer level
+    assert not _prefer("1100000000", "0000000000")  # 2 - 0 <= 1.645 * sqrt(2)
+    assert _prefer("1110000000", "0000000000")      # 3 - 0 >  1.645 * sqrt(3)
+    assert _prefer("1111111110", "0000000001")      # 9 - 1 >  1.645 * sqrt(10)
+    assert not _prefer("1111111000", "0000000111")  # 7 - 3 <= 1.645 * sqrt(10)
+    assert not _prefer("0000000000", "1110000000")  # Local better: never federated
+    assert _prefer("1100000000", "0000000000", z=1.0)  # a laxer level
     with pytest.raises(ValueError, match="different splits"):
-        prefer_federated(_correct("11"), _correct("111"))
+        disagreements(_correct("11"), _correct("111"))
 
 
 def test_prefer_federated_errs_at_about_its_level_when_the_models_are_equally_good() -> None:
@@ -99,7 +104,7 @@ def test_prefer_federated_errs_at_about_its_level_when_the_models_are_equally_go
         both = torch.rand(200, generator=g) < 0.8  # where they agree: both right or both wrong
         disagree = torch.rand(200, generator=g) < 0.15
         coin = torch.rand(200, generator=g) < 0.5  # where they disagree: which one is right
-        preferred += prefer_federated(torch.where(disagree, coin, both), torch.where(disagree, ~coin, both))
+        preferred += prefer_federated(*disagreements(torch.where(disagree, coin, both), torch.where(disagree, ~coin, both)))
     assert 0.02 < preferred / draws < 0.065, preferred / draws
 
 
@@ -147,4 +152,6 @@ def test_the_local_safeguard_deploys_exactly_the_local_run_or_exactly_the_federa
             assert r["test_acc_aggregated"] == (local["test_acc"] if r["safeguard_kept_own"]
                                                 else fedavg["test_acc_aggregated"])
             kept.append(r["safeguard_kept_own"])
+            wins, losses = r["safeguard_evidence"]
+            assert r["safeguard_kept_own"] == (wins - losses <= 1.645 * (wins + losses) ** 0.5)
     assert any(kept), "on two classes per node the FedAvg average should lose to Local somewhere"
