@@ -325,13 +325,7 @@ class Node:
         if safeguard is not None:
             record["safeguard_kept_own"] = safeguard.kept_own
             record["safeguard_weight"] = safeguard.weight
-        if self.local_reference is not None:  # what each model scored, besides the one deployed
-            record.update(test_acc_federated=test_acc, test_acc_federated_aggregated=acc_agg,
-                          test_acc_local=deployed_trained.local_acc, safeguard_kept_own_trained=deployed_trained.kept_local,
-                          safeguard_kept_own=deployed_aggregated.kept_local,
-                          # (wins, losses) on validation: another level can be judged from the records
-                          safeguard_evidence_trained=deployed_trained.evidence,
-                          safeguard_evidence=deployed_aggregated.evidence)
+        record.update(self._deployment_record(test_acc, acc_agg, deployed_trained, deployed_aggregated))
         self.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                       r, self.scenario.rounds, test_acc, acc_agg, len(record["arrived"]), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
@@ -356,12 +350,23 @@ class Node:
         split shows the federated one is better (`p2pfl.runtime.safeguard.prefer_federated`)."""
         if self.local_reference is None:
             return Deployment(False, federated_acc, federated_loss)
-        local = self.local_reference.model
-        local_acc, local_loss = self.trainer.evaluate(local, self.data.test)
-        evidence = disagreements(correct_per_sample(self.model, self.data.val), correct_per_sample(local, self.data.val))
+        local = self.local_reference.scores(self.data.test, self.data.val)
+        evidence = disagreements(correct_per_sample(self.model, self.data.val), local.val_correct)
         if prefer_federated(*evidence):
-            return Deployment(False, federated_acc, federated_loss, local_acc, evidence)
-        return Deployment(True, local_acc, local_loss, local_acc, evidence)
+            return Deployment(False, federated_acc, federated_loss, local.test_acc, evidence)
+        return Deployment(True, local.test_acc, local.test_loss, local.test_acc, evidence)
+
+    def _deployment_record(self, federated_acc: float, federated_acc_aggregated: float, trained: Deployment,
+                           aggregated: Deployment) -> dict[str, Any]:
+        """With `algorithm.safeguard = "local"`, what each model scored besides the one deployed,
+        and the validation evidence (wins, losses), so that another level can be judged from the
+        records; {} without it."""
+        if self.local_reference is None:
+            return {}
+        return {"test_acc_federated": federated_acc, "test_acc_federated_aggregated": federated_acc_aggregated,
+                "test_acc_local": trained.local_acc, "safeguard_kept_own_trained": trained.kept_local,
+                "safeguard_kept_own": aggregated.kept_local, "safeguard_evidence_trained": trained.evidence,
+                "safeguard_evidence": aggregated.evidence}
 
     def _warn_silent(self, r: int, silent: set[str]) -> None:
         """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY rounds."""
@@ -383,10 +388,7 @@ class Node:
         clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
         deployed = self._deploy(test_acc, test_loss)
-        scores = {} if self.local_reference is None else {
-            "test_acc_federated": test_acc, "test_acc_federated_aggregated": test_acc, "test_acc_local": deployed.local_acc,
-            "safeguard_kept_own_trained": deployed.kept_local, "safeguard_kept_own": deployed.kept_local,
-            "safeguard_evidence_trained": deployed.evidence, "safeguard_evidence": deployed.evidence}
+        scores = self._deployment_record(test_acc, test_acc, deployed, deployed)
         time_record = clock.stop()
         return {
             "round": r, "participated": False, "test_acc": deployed.acc, "test_loss": deployed.loss,
@@ -501,6 +503,13 @@ class Node:
             tensors.update({LOCAL_REFERENCE_PREFIX + k: v for k, v in self.local_reference.model.state_dict().items()})
         return tensors
 
+    def checkpoint_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Names, shapes and dtypes of `checkpoint_tensors`, to check a checkpoint before loading it."""
+        spec = part_spec(self.model, "full")
+        if self.local_reference is not None:
+            spec.update({LOCAL_REFERENCE_PREFIX + k: v for k, v in part_spec(self.local_reference.model, "full").items()})
+        return spec
+
     def write_checkpoint(self) -> None:
         save_checkpoint(self.checkpoint_path, self.checkpoint_tensors(), key=self.key, node_id=self.config.id,
                         round_=len(self.rounds), extra=self.checkpoint_state())
@@ -518,8 +527,7 @@ class Node:
         path, cfg = self.checkpoint_path, self.config
         tensors, doc = read_resumable(path, node_id=cfg.id, public_hex=self.key.public_hex,
                                       scenario=self.scenario.to_dict(), rounds=self.scenario.rounds,
-                                      spec={k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
-                                            for k, v in self.checkpoint_tensors().items()})
+                                      spec=self.checkpoint_spec())
         rounds = doc["rounds"]
         strategy = self.fresh_strategy()
         try:  # on a fresh strategy first: a state that does not fit leaves the node untouched
@@ -535,7 +543,7 @@ class Node:
         self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items() if not k.startswith(LOCAL_REFERENCE_PREFIX)})
         if self.local_reference is not None:
             n = len(LOCAL_REFERENCE_PREFIX)
-            self.local_reference.model.load_state_dict(
+            self.local_reference.load_state_dict(
                 {k[n:]: v.to(self.device) for k, v in tensors.items() if k.startswith(LOCAL_REFERENCE_PREFIX)})
             self.local_reference.trainer.generator.set_state(rng_state_from_hex(doc["rng"]["local_reference"]))
         if self.privacy is not None:

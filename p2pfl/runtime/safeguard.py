@@ -18,15 +18,15 @@ every strategy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from p2pfl.training import LocalTrainer
+from p2pfl.training import LocalTrainer, correct_per_sample
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -93,6 +93,27 @@ class LocalReference:
 
     def __init__(self, model: nn.Module, trainer: LocalTrainer) -> None:
         self.model, self.trainer = model, trainer
+        self._scores: LocalScores | None = None
 
     def fit(self, split: Any) -> None:
         self.trainer.fit(self.model, split)
+        self._scores = None
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+        self._scores = None
+
+    def scores(self, test: Any, val: Any) -> LocalScores:
+        """Its test score and per-sample validation correctness, computed once per model: a
+        round compares it twice (after training, after aggregation), and it changes only in `fit`."""
+        if self._scores is None:
+            acc, loss = self.trainer.evaluate(self.model, test)
+            self._scores = LocalScores(acc, loss, correct_per_sample(self.model, val))
+        return self._scores
+
+
+@dataclass(frozen=True)
+class LocalScores:
+    test_acc: float
+    test_loss: float
+    val_correct: torch.Tensor  # bool per validation sample
