@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
-from p2pfl.report.tables import held_out_table, poisoning_table, write_compare_tables  # noqa: E402
+from p2pfl.report.tables import (LevelOutcome, held_out_table, poisoning_table, safeguard_levels,  # noqa: E402
+                                 write_compare_tables)
 from p2pfl.core.scoring import overlap_matrix  # noqa: E402
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts, row_slug  # noqa: E402
 from p2pfl.runtime.timing import PHASES, compute_fraction  # noqa: E402
@@ -388,7 +389,42 @@ def report_compare(folder: Path) -> list[Path]:
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "communication.png"))
     paths.append(_compare_curves(runs_by_row, out))
+    levels = plot_safeguard_levels(safeguard_levels(runs_by_row), rows, out)
+    if levels is not None:
+        paths.append(levels)
     return paths + write_compare_tables(folder, out)
+
+
+def plot_safeguard_levels(outcomes: Mapping[str, Mapping[tuple[float, bool], LevelOutcome]],
+                          rows: Mapping[str, list[Mapping[str, Any]]], out: Path) -> Path | None:
+    """The "local" safeguard's trade-off over its test level, judged again from the recorded
+    evidence: mean accuracy (left; dotted: the unguarded rows of the folder) and the worst node's
+    gap to its Local model (right; the issue's -0.5 line), after training and after aggregation."""
+    if not outcomes:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (label, by_level) in enumerate(outcomes.items()):
+        levels = sorted({lv for lv, _ in by_level})
+        for aggregated, style, marker in ((False, "--", "s"), (True, "-", "o")):
+            name = f"{label} ({'after aggregation' if aggregated else 'after training'})"
+            colour = f"C{i}"
+            left.plot(levels, [100 * np.mean(by_level[lv, aggregated].mean) for lv in levels], style, marker=marker,
+                      color=colour, label=name)
+            right.plot(levels, [100 * np.mean(by_level[lv, aggregated].worst) for lv in levels], style, marker=marker,
+                       color=colour, label=name)
+    for j, (label, runs) in enumerate((lab, r) for lab, r in rows.items() if lab not in outcomes):
+        left.axhline(100 * np.mean([r["final"] for r in runs]), color=f"C{len(outcomes) + j}", linestyle=":",
+                     label=f"{label} (after training)")
+    right.axhline(-0.5, color="grey", linestyle=":", label="-0.5 points")
+    for ax, ylabel in ((left, "mean test accuracy over nodes (%)"), (right, "worst node minus its Local (points)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("safeguard_level (one-sided level of the sign test)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=6)
+    right.legend(fontsize=6)
+    fig.suptitle("the local safeguard at other levels, decided again from the recorded validation evidence")
+    return _save(fig, out / "safeguard_levels.png")
 
 
 def _compare_curves(runs_by_row: Mapping[str, list[dict[str, Any]]], out: Path) -> Path:

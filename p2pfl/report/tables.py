@@ -10,6 +10,9 @@ that a command produced, never typed in:
 * `gamma.md`: the γ FedC2I's nodes chose on validation data (`gamma = "auto"`), per round;
 * `safeguard_weight.md`, `safeguard_kept_own.md`: the aggregate's weight in the model the
   safeguard kept, and the share of nodes that kept their own model, per round;
+* `safeguard_levels.md`: for rows with `algorithm.safeguard = "local"`, what the last round's
+  deployed models would have scored at other test levels, decided again from the recorded
+  validation evidence (no training);
 * `communication.md`: parameter bytes downloaded per round and in total, and the mean
   dynamic k per round, per row;
 * `held_out.md` (several compare folders, one per held-out domain): the global model's
@@ -22,12 +25,15 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from p2pfl.runtime.run_folder import row_slug
+from p2pfl.runtime.safeguard import evidence_z, prefer_federated
 
 RELEVANCE_METRICS = ("precision", "recall", "precision_at_k", "spearman")
+SAFEGUARD_LEVELS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 
 def _row_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
@@ -126,6 +132,67 @@ def record_table(runs: Mapping[str, list[dict[str, Any]]], key: str) -> str | No
     return _markdown(["row", *[f"r{r}" for r in rounds]], body)
 
 
+def deployed_at_level(record: Mapping[str, Any], level: float, aggregated: bool) -> tuple[float, bool]:
+    """(test accuracy, federated deployed?) of the model that a node with `algorithm.safeguard =
+    "local"` would have deployed in this round record at test `level`: the record holds both
+    models' test scores and the validation evidence it was decided on, so any level can be judged
+    again without training. At the run's own level this is the recorded `test_acc(_aggregated)`."""
+    suffix = "" if aggregated else "_trained"
+    wins, losses = record["safeguard_evidence" + suffix]
+    federated = prefer_federated(wins, losses, z=evidence_z(level))
+    if not federated:
+        return record["test_acc_local"], False
+    return record["test_acc_federated_aggregated" if aggregated else "test_acc_federated"], True
+
+
+@dataclass(frozen=True)
+class LevelOutcome:
+    """One row at one level, per seed (last round): mean accuracy over nodes, the worst node's
+    gap to its own Local model, and how many nodes deployed the federated model."""
+    mean: list[float]
+    worst: list[float]
+    federated: list[int]
+    nodes: int
+
+
+def safeguard_levels(runs: Mapping[str, list[dict[str, Any]]], levels: Sequence[float] = SAFEGUARD_LEVELS
+                     ) -> dict[str, dict[tuple[float, bool], LevelOutcome]]:
+    """Row -> (level, after aggregation?) -> outcome, for the rows whose last rounds carry the
+    safeguard's evidence (`"local"` runs made since it is recorded); other rows are left out."""
+    out: dict[str, dict[tuple[float, bool], LevelOutcome]] = {}
+    for label, results in runs.items():
+        lasts = [[n["rounds"][-1] for n in res["nodes"] if n["rounds"]] for res in results]
+        if not lasts or not all(last and all("safeguard_evidence" in r for r in last) for last in lasts):
+            continue
+        out[label] = {}
+        for level in levels:
+            for aggregated in (False, True):
+                mean, worst, federated = [], [], []
+                for last in lasts:
+                    deployed = [deployed_at_level(r, level, aggregated) for r in last]
+                    mean.append(statistics.fmean(acc for acc, _ in deployed))
+                    worst.append(min(acc - r["test_acc_local"] for (acc, _), r in zip(deployed, last)))
+                    federated.append(sum(fed for _, fed in deployed))
+                out[label][level, aggregated] = LevelOutcome(mean, worst, federated, sum(len(last) for last in lasts))
+    return out
+
+
+def safeguard_level_table(outcomes: Mapping[str, Mapping[tuple[float, bool], LevelOutcome]]) -> str | None:
+    """Per guarded row and level: mean accuracy and worst vs local under both protocols, % mean
+    (std) over seeds, and the nodes that deploy the federated model (all seeds together)."""
+    if not outcomes:
+        return None
+    body = []
+    for label, by_level in outcomes.items():
+        for level in sorted({lv for lv, _ in by_level}):
+            trained, aggregated = by_level[level, False], by_level[level, True]
+            body.append([label, f"{level:g}", mean_std(trained.mean, 100, 1), mean_std(aggregated.mean, 100, 1),
+                         mean_std(trained.worst, 100, 1), mean_std(aggregated.worst, 100, 1),
+                         f"{sum(trained.federated)} / {trained.nodes}, {sum(aggregated.federated)} / {aggregated.nodes}"])
+    return _markdown(["row", "level", "after training %", "after aggregation %", "worst vs local",
+                      "worst aggregated vs local", "federated deployed (trained, aggregated)"], body)
+
+
 def held_out_table(folders: Sequence[Path]) -> str:
     """Rows × held-out domains: final held-out accuracy of the global model, % mean (std) over seeds."""
     columns: list[str] = []
@@ -166,6 +233,10 @@ def write_compare_tables(folder: Path, out: Path) -> list[Path]:
         if table is not None:
             (out / f"{key}.md").write_text(table + "\n")
             paths.append(out / f"{key}.md")
+    levels = safeguard_level_table(safeguard_levels(runs))
+    if levels is not None:
+        (out / "safeguard_levels.md").write_text(levels + "\n")
+        paths.append(out / "safeguard_levels.md")
     return paths
 
 

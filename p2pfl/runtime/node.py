@@ -37,7 +37,8 @@ from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
-from p2pfl.runtime.safeguard import LocalReference, SafeguardChoice, disagreements, mix, prefer_federated
+from p2pfl.runtime.safeguard import (DEFAULT_LEVEL, LocalReference, SafeguardChoice, disagreements, evidence_z, mix,
+                                     prefer_federated)
 from p2pfl.runtime.safeguard import choose as choose_mix
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
@@ -352,7 +353,8 @@ class Node:
             return Deployment(False, federated_acc, federated_loss)
         local = self.local_reference.scores(self.data.test, self.data.val)
         evidence = disagreements(correct_per_sample(self.model, self.data.val), local.val_correct)
-        if prefer_federated(*evidence):
+        level = self.scenario.algorithm.safeguard_level or DEFAULT_LEVEL
+        if prefer_federated(*evidence, z=evidence_z(level)):
             return Deployment(False, federated_acc, federated_loss, local.test_acc, evidence)
         return Deployment(True, local.test_acc, local.test_loss, local.test_acc, evidence)
 

@@ -57,6 +57,19 @@ def _safeguard_kind(value: Any) -> str | None:
     return value
 
 
+def _safeguard_level(value: Any, kind: str | None) -> float | None:
+    """`algorithm.safeguard_level`: the level of the "local" safeguard's sign test, in (0, 1)."""
+    if value is None:
+        return None
+    value = _typed(value, float, "algorithm.safeguard_level")
+    if kind != "local":
+        raise ConfigError("algorithm.safeguard_level", f"is the level of the \"local\" safeguard's test; "
+                                                       f"set algorithm.safeguard = \"local\" (it is {kind!r})")
+    if not 0.0 < value < 1.0:
+        raise ConfigError("algorithm.safeguard_level", f"is a test level in (0, 1), got {value!r}")
+    return value
+
+
 def _dataclass_from_table(cls: type, table: Mapping[str, Any], prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     check_table(table, fields, prefix)
@@ -84,6 +97,8 @@ class AlgorithmSpec:
     # None, "mix" (`true` in a file: keep the best mix of own and aggregate) or "local" (deploy the
     # federated model only where validation shows it beats the node's Local one); see runtime.safeguard.
     safeguard: str | None = None
+    # With safeguard "local": the sign test's one-sided level (None: runtime.safeguard.DEFAULT_LEVEL).
+    safeguard_level: float | None = None
 
 
 PLACEMENTS = ("process", "shared", "ray")
@@ -160,6 +175,8 @@ class Scenario:
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
         if self.algorithm.safeguard is not None:  # absent when off: old run folders still match
             out["algorithm"]["safeguard"] = True if self.algorithm.safeguard == "mix" else self.algorithm.safeguard
+        if self.algorithm.safeguard_level is not None:
+            out["algorithm"]["safeguard_level"] = self.algorithm.safeguard_level
         if self.attack is not None and self.attack.kind != "none":  # absent when off: old run folders still match
             out["attack"] = {**dataclasses.asdict(self.attack), "nodes": list(self.attack.nodes)}
         return out
@@ -206,7 +223,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     algo_table = raw.get("algorithm", {})
     if not isinstance(algo_table, Mapping):
         raise ConfigError("algorithm", "expected a table with `name` and optional `params`")
-    check_table(algo_table, ["name", "params", "safeguard"], "algorithm")
+    check_table(algo_table, ["name", "params", "safeguard", "safeguard_level"], "algorithm")
     algo_name = _typed(algo_table.get("name", "fedavg"), str, "algorithm.name")
     params = algo_table.get("params", {})
     if not isinstance(params, Mapping):
@@ -216,7 +233,8 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     # A coordinator that answers every round holds one global model and waits for every node.
     global_step = strategy.needs_coordinator and getattr(strategy.coordinator, "round_kind", None) is not None
     safeguard = _safeguard_kind(algo_table.get("safeguard", False))
-    algorithm = AlgorithmSpec(algo_name, dict(params), safeguard)
+    safeguard_level = _safeguard_level(algo_table.get("safeguard_level"), safeguard)
+    algorithm = AlgorithmSpec(algo_name, dict(params), safeguard, safeguard_level)
     train = _dataclass_from_table(TrainConfig, raw.get("train", {}), "train")
     runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")

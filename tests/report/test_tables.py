@@ -169,3 +169,53 @@ def test_setup_bytes_are_counted_where_they_arrive_and_get_a_column_only_when_pr
     header, _, fedavg_row, indexed_row = table.splitlines()[:4]
     column = header.split(" | ").index("of which before round 1")
     assert fedavg_row.split(" | ")[column] == "0.0" and indexed_row.split(" | ")[column] == "4.0"
+
+
+def _guarded_round(local: float, federated: float, federated_aggregated: float, evidence: tuple[int, int],
+                   evidence_trained: tuple[int, int]) -> dict:
+    return {"round": 1, "test_acc_local": local, "test_acc_federated": federated,
+            "test_acc_federated_aggregated": federated_aggregated, "safeguard_evidence": list(evidence),
+            "safeguard_evidence_trained": list(evidence_trained)}
+
+
+def test_deployed_at_level_decides_again_from_the_recorded_evidence() -> None:
+    from p2pfl.report.tables import deployed_at_level
+
+    r = _guarded_round(0.8, 0.9, 0.7, evidence=(3, 1), evidence_trained=(2, 0))
+    # after aggregation 3 - 1 = 2 against z * sqrt(4): certified at z = 0 (level 0.5), not at 1.645 (0.05)
+    assert deployed_at_level(r, 0.5, aggregated=True) == (0.7, True)
+    assert deployed_at_level(r, 0.05, aggregated=True) == (0.8, False)
+    assert deployed_at_level(r, 0.2, aggregated=True) == (0.7, True)   # z = 0.84: 2 > 1.68
+    assert deployed_at_level(r, 0.1, aggregated=True) == (0.8, False)  # z = 1.28: 2 <= 2.56
+    # after training 2 - 0 = 2 against z * sqrt(2): 2 > 1.28 * 1.41, 2 <= 1.645 * 1.41
+    assert deployed_at_level(r, 0.1, aggregated=False) == (0.9, True)
+    assert deployed_at_level(r, 0.05, aggregated=False) == (0.8, False)
+    with pytest.raises(ValueError, match="level"):
+        deployed_at_level(r, 1.0, aggregated=True)
+
+
+def test_safeguard_levels_are_the_mean_and_worst_gap_of_the_nodes_redecided_per_seed() -> None:
+    from p2pfl.report.tables import safeguard_level_table, safeguard_levels
+
+    def run(rounds: list[dict]) -> dict:
+        return {"nodes": [{"id": f"node-{i}", "rounds": [{**r, "round": 2}]} for i, r in enumerate(rounds)]}
+
+    seed0 = run([_guarded_round(0.8, 0.9, 0.95, (10, 0), (10, 0)),    # certified at every level
+                 _guarded_round(0.7, 0.6, 0.5, (2, 1), (2, 1))])      # only at level 0.5 (z = 0)
+    seed1 = run([_guarded_round(0.6, 0.9, 0.9, (0, 0), (0, 0)),       # no evidence: Local at every level
+                 _guarded_round(0.9, 0.8, 0.8, (5, 0), (1, 0))])
+    runs = {"local": [{"nodes": [{"id": "node-0", "rounds": [{"round": 2, "test_acc": 0.8}]}]}],
+            "pfedsv[g]": [seed0, seed1]}
+    out = safeguard_levels(runs, levels=(0.05, 0.5))
+    assert list(out) == ["pfedsv[g]"]  # rows without the evidence are left out
+    strict, lax = out["pfedsv[g]"][0.05, True], out["pfedsv[g]"][0.5, True]
+    # brute force: per seed, the deployed accuracies, their mean, and the worst gap to Local
+    assert strict.mean == pytest.approx([(0.95 + 0.7) / 2, (0.6 + 0.8) / 2])
+    assert strict.worst == pytest.approx([0.0, -0.1]) and strict.federated == [1, 1] and strict.nodes == 4
+    assert lax.mean == pytest.approx([(0.95 + 0.5) / 2, (0.6 + 0.8) / 2])
+    assert lax.worst == pytest.approx([-0.2, -0.1]) and lax.federated == [2, 1]
+    trained_strict = out["pfedsv[g]"][0.05, False]
+    assert trained_strict.mean == pytest.approx([(0.9 + 0.7) / 2, (0.6 + 0.9) / 2]) and trained_strict.federated == [1, 0]
+    table = safeguard_level_table(out)
+    assert "| pfedsv[g] | 0.05 | 77.5 (2.5) | 76.2 (6.2) | 0.0 (0.0) | -5.0 (5.0) | 1 / 4, 2 / 4 |" in table
+    assert safeguard_level_table(safeguard_levels({"local": runs["local"]})) is None

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.safeguard import GRID, choose, disagreements, mix, prefer_federated
+from p2pfl.report.tables import deployed_at_level
+from p2pfl.runtime.safeguard import GRID, choose, disagreements, evidence_z, mix, prefer_federated
 from p2pfl.scenario.schema import load_scenario
 
 from .helpers import build_in_process, run_in_process, write_tiny
@@ -69,6 +70,28 @@ def test_safeguard_kinds_round_trip_through_the_resolved_scenario(tmp_path) -> N
         sc = load_scenario(write_tiny(tmp_path), [f"algorithm.safeguard={written}"])
         assert sc.algorithm.safeguard == kind
         assert sc.to_dict()["algorithm"].get("safeguard") == stored  # `true` as before: old run folders still match
+
+
+def test_safeguard_level_is_the_local_safeguards_and_a_level_in_0_1(tmp_path) -> None:
+    sc = load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"', "algorithm.safeguard_level=0.2"])
+    assert sc.algorithm.safeguard_level == 0.2 and sc.to_dict()["algorithm"]["safeguard_level"] == 0.2
+    assert "safeguard_level" not in load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"']).to_dict()["algorithm"]
+    for bad in ("0", "1", "1.5", "-0.1", "nan"):
+        with pytest.raises(ConfigError, match="algorithm.safeguard_level.*in \\(0, 1\\)"):
+            load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"', f"algorithm.safeguard_level={bad}"])
+    with pytest.raises(ConfigError, match="algorithm.safeguard_level.*expected float"):
+        load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"', 'algorithm.safeguard_level="5%"'])
+    for kind in ("true", "false"):
+        with pytest.raises(ConfigError, match="algorithm.safeguard_level.*\"local\""):
+            load_scenario(write_tiny(tmp_path), [f"algorithm.safeguard={kind}", "algorithm.safeguard_level=0.1"])
+
+
+def test_evidence_z_is_the_normal_quantile_of_the_level() -> None:
+    assert evidence_z(0.5) == 0.0
+    assert evidence_z(0.05) == pytest.approx(1.6449, abs=1e-4) and evidence_z(0.2) == pytest.approx(0.8416, abs=1e-4)
+    for bad in (0.0, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="level"):
+            evidence_z(bad)
 
 
 def _correct(pattern: str) -> torch.Tensor:
@@ -155,3 +178,31 @@ def test_the_local_safeguard_deploys_exactly_the_local_run_or_exactly_the_federa
             wins, losses = r["safeguard_evidence"]
             assert r["safeguard_kept_own"] == (wins - losses <= 1.645 * (wins + losses) ** 0.5)
     assert any(kept), "on two classes per node the FedAvg average should lose to Local somewhere"
+
+
+
+@pytest.mark.slow
+def test_a_laxer_level_deploys_on_thinner_evidence_and_the_records_decide_any_level_again(tmp_path) -> None:
+    """At level 0.5 (z = 0) a node deploys the federated model whenever it wins more validation
+    samples than it loses. Both tracks are the same at every level, so the records of the run at
+    0.05, decided again at 0.5, are the run at 0.5 and back: what `p2pfl report` relies on. On
+    IID data the federated and Local models are close, so the two levels disagree somewhere."""
+    runs = {}
+    for name, level in (("strict", ()), ("lax", ("algorithm.safeguard_level=0.5",))):
+        nodes, _ = build_in_process(write_tiny(tmp_path, nodes=5, rounds=3, samples=90), tmp_path / name,
+                                    ("data.val_fraction=0.3", 'algorithm.safeguard="local"', *level))
+        results, _, _ = run_in_process(nodes, None)
+        assert all(r["status"] == "ok" for r in results), [r["error"] for r in results]
+        runs[name] = {r["id"]: r["rounds"] for r in results}
+    laxer = 0
+    for node, rounds in runs["lax"].items():
+        for r, strict in zip(rounds, runs["strict"][node]):
+            assert r["safeguard_evidence"] == strict["safeguard_evidence"]
+            for aggregated, key, kept in ((False, "test_acc", "safeguard_kept_own_trained"),
+                                          (True, "test_acc_aggregated", "safeguard_kept_own")):
+                wins, losses = r["safeguard_evidence" if aggregated else "safeguard_evidence_trained"]
+                assert r[kept] == (wins <= losses)
+                assert deployed_at_level(strict, 0.5, aggregated)[0] == r[key]
+                assert deployed_at_level(r, 0.05, aggregated)[0] == strict[key]
+                laxer += strict[kept] and not r[kept]
+    assert laxer, "some node should have been certified at 0.5 and not at 0.05"
