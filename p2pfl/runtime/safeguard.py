@@ -8,9 +8,10 @@
 * `"local"`: the node also trains the model it would have alone (`LocalReference`: Local's
   own initial weights and training draws, never shared, so it needs no privacy noise), and
   deploys the federated model only where the validation split gives evidence that it is
-  better (`prefer_federated`, a one-sided sign test on the samples the two models disagree
-  on, at one-sided level `algorithm.safeguard_level`); otherwise it deploys its Local model. Only what the node deploys (and is scored on)
-  changes: the federated model trains, is shared and aggregated exactly as without it.
+  better (`prefer_federated`, a one-sided sign test at level `algorithm.safeguard_level` on
+  the samples the two models disagree on); otherwise it deploys its Local model. Only what the
+  node deploys (and is scored on) changes: the federated model trains, is shared and
+  aggregated exactly as without it.
 
 Knows no algorithm: it only sees models, state dicts and scoring functions, so it applies to
 every strategy.
@@ -37,16 +38,17 @@ KINDS = ("mix", "local")
 # federated model on a node where it is no better than Local. Lower is safer for the worst node;
 # higher deploys the federation on more nodes (docs/experiments.md measures the trade-off).
 DEFAULT_LEVEL = 0.05
-# How many more validation samples (in standard deviations of a fair coin over the samples the
-# two models disagree on) the federated model must get right at DEFAULT_LEVEL: 1.645.
-EVIDENCE_Z = NormalDist().inv_cdf(1 - DEFAULT_LEVEL)
 
 
 def evidence_z(level: float) -> float:
-    """The sign test's threshold, in standard deviations, at one-sided `level` in (0, 1)."""
+    """How many more validation samples, in standard deviations of a fair coin over the samples
+    the two models disagree on, the federated model must get right at one-sided `level` in (0, 1)."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"a test level is in (0, 1), got {level!r}")
     return NormalDist().inv_cdf(1 - level)
+
+
+EVIDENCE_Z = evidence_z(DEFAULT_LEVEL)  # 1.645
 
 
 @dataclass(frozen=True)
