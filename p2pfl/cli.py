@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="comma-separated; parameters in brackets: fedavg,fedc2i[gamma=1],fedc2i[variant=-lambda]")
     cmp_.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     cmp_.add_argument("--out", type=Path, required=True)
-    cmp_.add_argument("--reuse", action="store_true", help="skip runs whose results.json already exists")
+    cmp_.add_argument("--reuse", action="store_true", help="take runs whose results.json already exists, and keep "
+                                                               "the rows the --out folder already tabulates")
     cmp_.add_argument("--no-progress", action="store_true")
     _add_set(cmp_)
     _add_log_level(cmp_)

@@ -236,33 +236,80 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
                         + [(k.split("."), v) for k, v in row.overrides.items()])
 
 
+def _stored_run(run_dir: Path, scenario: Any, label: str) -> dict[str, Any] | None:
+    """The results.json `--reuse` takes for one run, or None where there is none; a run of
+    another scenario, or made on other data, is refused (ConfigError on `--reuse`)."""
+    from p2pfl.scenario.launcher import scenario_data_fingerprint
+
+    if not RunFolder(run_dir).results.is_file():
+        return None
+    stored = json.loads(RunFolder(run_dir).results.read_text())
+    differ = scenario_differences(stored.get("scenario") or {}, scenario)
+    if differ:
+        raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {label!r} "
+                                     f"asks for ({', '.join(differ[:5])} differ); move it away or pick "
+                                     "another --out")
+    made_on, here = stored.get("data_fingerprint"), scenario_data_fingerprint(scenario)
+    if made_on is not None and made_on != here:  # older runs carry none: nothing to check
+        raise ConfigError("--reuse", f"{run_dir} was run on other data than this machine makes ({made_on} "
+                                     f"there, {here} here: the synth domain depends on the fonts installed); "
+                                     "pin the fonts with $P2PFL_FONT_DIRS, or run it again elsewhere")
+    return stored
+
+
+def _row_scenario(base: Mapping[str, Any], row: Row, seed: int, scenario_path: Path) -> Any:
+    raw = row_raw(base, row)
+    raw["seed"] = seed
+    return scenario_from_dict(raw, source=str(scenario_path))
+
+
+def earlier_rows(out: Path, base: Mapping[str, Any], scenario_path: Path, seeds: Sequence[int],
+                 asked: Sequence[str]) -> dict[str, list[dict[str, Any]] | None]:
+    """The rows out/compare.json lists, in its order: those this call asks for map to None
+    (this call fills them in), the others to their summaries where every seed's run is there and
+    still matches this call's scenario, so that a folder gathers its rows over several calls.
+    Rows that no longer match are left out, saying why."""
+    listing = out / "compare.json"
+    if not listing.is_file():
+        return {}
+    kept: dict[str, list[dict[str, Any]] | None] = {}
+    for label in json.loads(listing.read_text()).get("rows", {}):
+        if label in asked:
+            kept[label] = None
+            continue
+        try:
+            (row,) = parse_algorithms(label)
+            runs = [_stored_run(compare_run(out, label, seed), _row_scenario(base, row, seed, scenario_path), label)
+                    for seed in seeds]
+        except (ConfigError, ValueError) as exc:
+            print(f"compare.md leaves out the earlier row {label!r}: {exc}", file=sys.stderr)
+            continue
+        missing = [seed for seed, run in zip(seeds, runs) if run is None]
+        if missing:
+            print(f"compare.md leaves out the earlier row {label!r}: no run for seed(s) "
+                  f"{', '.join(map(str, missing))}", file=sys.stderr)
+            continue
+        kept[label] = [summarize_run(run) for run in runs if run is not None]
+    return kept
+
+
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
                 *, reuse: bool = False, progress: bool = True) -> int:
-    from p2pfl.scenario.launcher import run_loaded, scenario_data_fingerprint
+    """Run (or with `reuse`, take) every row over every seed and write compare.json and
+    compare.md. With `reuse` the table also keeps the rows earlier calls put in `out` (see
+    `earlier_rows`), in their order, and adds this call's new rows after them."""
+    from p2pfl.scenario.launcher import run_loaded
 
     base = apply_overrides(read_raw(scenario_path), overrides)
     # Validate every row, and every run --reuse would take, before the first run starts.
     plans = []
     for row in rows:
         for seed in seeds:
-            raw = row_raw(base, row)
-            raw["seed"] = seed
-            scenario = scenario_from_dict(raw, source=str(scenario_path))
+            scenario = _row_scenario(base, row, seed, scenario_path)
             run_dir = compare_run(out, row.label, seed)
-            stored = None
-            if reuse and RunFolder(run_dir).results.is_file():
-                stored = json.loads(RunFolder(run_dir).results.read_text())
-                differ = scenario_differences(stored.get("scenario") or {}, scenario)
-                if differ:
-                    raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {row.label!r} "
-                                                 f"asks for ({', '.join(differ[:5])} differ); move it away or pick "
-                                                 "another --out")
-                made_on, here = stored.get("data_fingerprint"), scenario_data_fingerprint(scenario)
-                if made_on is not None and made_on != here:  # older runs carry none: nothing to check
-                    raise ConfigError("--reuse", f"{run_dir} was run on other data than this machine makes ({made_on} "
-                                                 f"there, {here} here: the synth domain depends on the fonts installed); "
-                                                 "pin the fonts with $P2PFL_FONT_DIRS, or run it again elsewhere")
+            stored = _stored_run(run_dir, scenario, row.label) if reuse else None
             plans.append((row, seed, scenario, run_dir, stored))
+    earlier = earlier_rows(out, base, scenario_path, seeds, [row.label for row in rows]) if reuse else {}
     out.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, list[dict[str, Any]]] = {row.label: [] for row in rows}
     failures = 0
@@ -277,6 +324,7 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
         print(f"{row.label} seed {seed}: acc {100 * s['final']:.1f} % (aggregated {100 * s['final_aggregated']:.1f} %), "
               f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
               file=sys.stderr)
+    summaries = {label: runs if runs is not None else summaries[label] for label, runs in earlier.items()} | summaries
     table = format_table(summaries)
     (out / "compare.json").write_text(json.dumps({"scenario": str(scenario_path), "seeds": seeds,
                                                   "overrides": list(overrides), "rows": summaries}, indent=1))

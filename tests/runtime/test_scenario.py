@@ -115,6 +115,55 @@ def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_
     assert not compare_run(tmp_path / "cmp", rows[0].label, 4).exists()
 
 
+def test_compare_reuse_gathers_a_folders_rows_over_several_calls(tmp_path, capsys):
+    """A row added later with --reuse joins the table after the folder's earlier rows; an earlier
+    row whose runs no longer match the scenario, or lack a seed, is left out, saying why."""
+    import json
+
+    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    out = tmp_path / "cmp"
+
+    def plant(label: str, seed: int, acc: float, **changes) -> None:
+        raw = row_raw(read_raw(path), parse_algorithms(label)[0])
+        raw["seed"] = seed
+        run = compare_run(out, label, seed)
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "results.json").write_text(json.dumps({
+            "scenario": {**scenario_from_dict(raw).to_dict(), **changes},
+            "nodes": [{"id": "node-0", "rounds": [], "final_test_acc": acc}],
+            "summary": {"mean_acc": acc, "mean_acc_aggregated": acc, "total_bytes": 0, "wall_s": 1.0,
+                        "nodes_failed": 0}}))
+
+    def listed() -> list[str]:
+        return list(json.loads((out / "compare.json").read_text())["rows"])
+
+    for seed in (3, 4):
+        plant("local", seed, 0.5)
+        plant("fedavg[train.lr=0.01]", seed, 0.6)
+        plant("fedavg", seed, 0.7)
+    assert run_compare(path, parse_algorithms("local,fedavg"), [3, 4], out, reuse=True, progress=False) == 0
+    assert listed() == ["local", "fedavg"]
+    assert run_compare(path, parse_algorithms("fedavg[train.lr=0.01]"), [3, 4], out, reuse=True, progress=False) == 0
+    assert listed() == ["local", "fedavg", "fedavg[train.lr=0.01]"]
+    table = (out / "compare.md").read_text()
+    assert "| local | 50.0 (0.0)" in table and "| fedavg | 70.0 (0.0)" in table
+    assert run_compare(path, parse_algorithms("local,fedavg[train.lr=0.01]"), [3, 4], out, reuse=True,
+                       progress=False) == 0
+    assert listed() == ["local", "fedavg", "fedavg[train.lr=0.01]"], "rows keep the folder's order"
+
+    plant("fedavg", 4, 0.7, rounds=9)
+    capsys.readouterr()
+    assert run_compare(path, parse_algorithms("local"), [3, 4], out, reuse=True, progress=False) == 0
+    assert listed() == ["local", "fedavg[train.lr=0.01]"]
+    assert "leaves out the earlier row 'fedavg'" in capsys.readouterr().err
+    assert run_compare(path, parse_algorithms("local"), [3], out, reuse=False, progress=False) == 0
+    assert listed() == ["local"], "without --reuse the table is this call's rows"
+    assert run_compare(path, parse_algorithms("fedavg"), [3], out, reuse=True, progress=False) == 0
+    assert listed() == ["local", "fedavg"]
+
+
 def test_compare_reuse_refuses_a_run_made_on_other_synth_data(tmp_path, monkeypatch):
     """synth is rendered from the machine's fonts: a run made when other fonts were installed
     measured other data, and is refused with the way to pin the fonts."""
