@@ -297,7 +297,8 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
                 *, reuse: bool = False, progress: bool = True) -> int:
     """Run (or with `reuse`, take) every row over every seed and write compare.json and
     compare.md. With `reuse` the table also keeps the rows earlier calls put in `out` (see
-    `earlier_rows`), in their order, and adds this call's new rows after them."""
+    `earlier_rows`): this call's rows in its order, each earlier row back after the row it
+    followed before."""
     from p2pfl.scenario.launcher import run_loaded
 
     base = apply_overrides(read_raw(scenario_path), overrides)
@@ -324,7 +325,13 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
         print(f"{row.label} seed {seed}: acc {100 * s['final']:.1f} % (aggregated {100 * s['final_aggregated']:.1f} %), "
               f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
               file=sys.stderr)
-    summaries = {label: runs if runs is not None else summaries[label] for label, runs in earlier.items()} | summaries
+    order = [row.label for row in rows]
+    previous = None
+    for label in earlier:  # an earlier row this call does not ask for goes back after the row it followed
+        if label not in order:
+            order.insert(0 if previous is None else order.index(previous) + 1, label)
+        previous = label
+    summaries = {label: summaries[label] if earlier.get(label) is None else earlier[label] for label in order}
     table = format_table(summaries)
     (out / "compare.json").write_text(json.dumps({"scenario": str(scenario_path), "seeds": seeds,
                                                   "overrides": list(overrides), "rows": summaries}, indent=1))

@@ -151,12 +151,14 @@ def test_compare_reuse_gathers_a_folders_rows_over_several_calls(tmp_path, capsy
     assert "| local | 50.0 (0.0)" in table and "| fedavg | 70.0 (0.0)" in table
     assert run_compare(path, parse_algorithms("local,fedavg[train.lr=0.01]"), [3, 4], out, reuse=True,
                        progress=False) == 0
-    assert listed() == ["local", "fedavg", "fedavg[train.lr=0.01]"], "rows keep the folder's order"
+    assert listed() == ["local", "fedavg", "fedavg[train.lr=0.01]"], "an earlier row goes back after its predecessor"
+    assert run_compare(path, parse_algorithms("fedavg,local"), [3, 4], out, reuse=True, progress=False) == 0
+    assert listed() == ["fedavg", "fedavg[train.lr=0.01]", "local"], "the rows asked for follow this call's order"
 
     plant("fedavg", 4, 0.7, rounds=9)
     capsys.readouterr()
     assert run_compare(path, parse_algorithms("local"), [3, 4], out, reuse=True, progress=False) == 0
-    assert listed() == ["local", "fedavg[train.lr=0.01]"]
+    assert listed() == ["fedavg[train.lr=0.01]", "local"]
     assert "leaves out the earlier row 'fedavg'" in capsys.readouterr().err
     assert run_compare(path, parse_algorithms("local"), [3], out, reuse=False, progress=False) == 0
     assert listed() == ["local"], "without --reuse the table is this call's rows"
