@@ -19,7 +19,8 @@ from typing import Any
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
-from p2pfl.scenario.schema import apply_overrides, apply_values, parse_override, read_raw, scenario_differences, scenario_from_dict
+from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
+                                   scenario_from_dict)
 
 
 MAX_NODE_COLUMNS = 12
@@ -236,7 +237,7 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
                         + [(k.split("."), v) for k, v in row.overrides.items()])
 
 
-def _stored_run(run_dir: Path, scenario: Any, label: str) -> dict[str, Any] | None:
+def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any] | None:
     """The results.json `--reuse` takes for one run, or None where there is none; a run of
     another scenario, or made on other data, is refused (ConfigError on `--reuse`)."""
     from p2pfl.scenario.launcher import scenario_data_fingerprint
@@ -257,7 +258,7 @@ def _stored_run(run_dir: Path, scenario: Any, label: str) -> dict[str, Any] | No
     return stored
 
 
-def _row_scenario(base: Mapping[str, Any], row: Row, seed: int, scenario_path: Path) -> Any:
+def _row_scenario(base: Mapping[str, Any], row: Row, seed: int, scenario_path: Path) -> Scenario:
     raw = row_raw(base, row)
     raw["seed"] = seed
     return scenario_from_dict(raw, source=str(scenario_path))
@@ -293,6 +294,17 @@ def earlier_rows(out: Path, base: Mapping[str, Any], scenario_path: Path, seeds:
     return kept
 
 
+def table_order(asked: Sequence[str], earlier: Sequence[str]) -> list[str]:
+    """The rows asked for in their order, each earlier row not asked for put back right after
+    the row it followed in `earlier` (first if it came first)."""
+    order, previous = list(asked), None
+    for label in earlier:
+        if label not in order:
+            order.insert(0 if previous is None else order.index(previous) + 1, label)
+        previous = label
+    return order
+
+
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
                 *, reuse: bool = False, progress: bool = True) -> int:
     """Run (or with `reuse`, take) every row over every seed and write compare.json and
@@ -325,13 +337,8 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
         print(f"{row.label} seed {seed}: acc {100 * s['final']:.1f} % (aggregated {100 * s['final_aggregated']:.1f} %), "
               f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
               file=sys.stderr)
-    order = [row.label for row in rows]
-    previous = None
-    for label in earlier:  # an earlier row this call does not ask for goes back after the row it followed
-        if label not in order:
-            order.insert(0 if previous is None else order.index(previous) + 1, label)
-        previous = label
-    summaries = {label: summaries[label] if earlier.get(label) is None else earlier[label] for label in order}
+    summaries = {label: summaries[label] if earlier.get(label) is None else earlier[label]
+                 for label in table_order(list(summaries), list(earlier))}
     table = format_table(summaries)
     (out / "compare.json").write_text(json.dumps({"scenario": str(scenario_path), "seeds": seeds,
                                                   "overrides": list(overrides), "rows": summaries}, indent=1))
