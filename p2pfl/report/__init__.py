@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,31 @@ def _series_style(i: int) -> dict[str, Any]:
     """Per-series line style and marker, so that series with equal values stay distinguishable."""
     return {"linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)], "alpha": 0.85,
             "markersize": 4 + 2 * (i % 3)}
+
+
+# Above this many nodes a per-node figure draws the spread over nodes instead of one line each:
+# a hundred lines and a hundred-entry legend show nothing.
+MAX_NODE_SERIES = 12
+
+
+def _plot_nodes(ax: plt.Axes, series: Sequence[tuple[str, Sequence[tuple[int, float | None]]]]) -> None:
+    """One line per node, (label, [(round, value)]); with more than MAX_NODE_SERIES nodes, the mean
+    over nodes per round with the bands holding the middle half and the middle 80 % of them."""
+    if len(series) <= MAX_NODE_SERIES:
+        for i, (label, points) in enumerate(series):
+            ax.plot([r for r, _ in points], [v for _, v in points], label=label, **_series_style(i))
+        return
+    by_round: dict[int, list[float]] = defaultdict(list)
+    for _, points in series:
+        for r, v in points:
+            if v is not None:
+                by_round[r].append(float(v))
+    rounds = sorted(by_round)
+    values = [np.asarray(by_round[r]) for r in rounds]
+    for (low, high), alpha in (((10, 90), 0.15), ((25, 75), 0.3)):
+        ax.fill_between(rounds, [np.percentile(v, low) for v in values], [np.percentile(v, high) for v in values],
+                        color="#1f77b4", alpha=alpha, linewidth=0, label=f"{low}th to {high}th percentile of nodes")
+    ax.plot(rounds, [v.mean() for v in values], color="#1f77b4", label=f"mean of {len(series)} nodes")
 
 
 def _node_label(results: Mapping[str, Any], node: Mapping[str, Any]) -> str:
@@ -78,11 +104,8 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for i, n in enumerate(results["nodes"]):
-        rounds = [r["round"] for r in n["rounds"]]
-        label = _node_label(results, n)
-        axes[0].plot(rounds, [r["test_acc"] for r in n["rounds"]], label=label, **_series_style(i))
-        axes[1].plot(rounds, [r["test_acc_aggregated"] for r in n["rounds"]], label=label, **_series_style(i))
+    for ax, key in zip(axes, ("test_acc", "test_acc_aggregated")):
+        _plot_nodes(ax, [(_node_label(results, n), [(r["round"], r[key]) for r in n["rounds"]]) for n in results["nodes"]])
     _protocol_panels(axes, "accuracy", prefix="test accuracy ")
     fig.suptitle(f"{results['scenario']['name']}: {results['algorithm']}")
     return _save(fig, out / "accuracy.png")
@@ -90,10 +113,8 @@ def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
 
 def plot_bytes(results: Mapping[str, Any], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, n in enumerate(results["nodes"]):
-        rounds = [r["round"] for r in n["rounds"]]
-        ax.plot(rounds, [r["param_bytes_received"] / 2**20 for r in n["rounds"]], label=_node_label(results, n),
-                **_series_style(i))
+    _plot_nodes(ax, [(_node_label(results, n), [(r["round"], r["param_bytes_received"] / 2**20) for r in n["rounds"]])
+                     for n in results["nodes"]])
     _round_axis(ax)
     ax.set_ylabel("parameter MiB received")
     series = {tuple(r["param_bytes_received"] for r in n["rounds"]) for n in results["nodes"]}
@@ -234,8 +255,7 @@ def plot_scalar_records(results: Mapping[str, Any], key: str, out: Path, ylabel:
     if not any(v is not None for s in series.values() for _, v in s):
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (nid, s) in enumerate(series.items()):
-        ax.plot([r for r, _ in s], [v for _, v in s], label=nid, **_series_style(i))
+    _plot_nodes(ax, list(series.items()))
     _round_axis(ax)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -308,8 +328,7 @@ def plot_epsilon(results: Mapping[str, Any], out: Path) -> Path | None:
     if all(r.get("epsilon") is None for n in results["nodes"] for r in n["rounds"]):
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, n in enumerate(results["nodes"]):
-        ax.plot([r["round"] for r in n["rounds"]], [r["epsilon"] for r in n["rounds"]], label=n["id"], **_series_style(i))
+    _plot_nodes(ax, [(n["id"], [(r["round"], r["epsilon"]) for r in n["rounds"]]) for n in results["nodes"]])
     _round_axis(ax)
     ax.set_ylabel("cumulative ε")
     ax.grid(alpha=0.3)
@@ -318,7 +337,12 @@ def plot_epsilon(results: Mapping[str, Any], out: Path) -> Path | None:
 
 
 def report_run(run_dir: Path) -> list[Path]:
+    from p2pfl.scenario.results import download_health, download_warning
+
     results = json.loads((run_dir / "results.json").read_text())
+    warning = download_warning(download_health(results["nodes"]))
+    if warning is not None:  # the plots below show a run whose nodes heard from fewer peers than asked
+        print(f"{run_dir}: {warning}", file=sys.stderr)
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
     paths = [plot_accuracy(results, out), plot_bytes(results, out)]

@@ -291,7 +291,7 @@ class Node:
         await self.send_pushes(pushes, r)
         fetches = strategy.configure_fetch(ctx)
         arrived = await self.gather(fetches, r)
-        self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived})
+        unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived})
         clock.switch("aggregate")
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
@@ -319,6 +319,9 @@ class Node:
             "asked": len({f.peer for f in fetches}),
             "arrived": sorted(m.sender for m in arrived),
             "stale": sorted(m.sender for m in arrived if m.version < r),
+            # Asked for, not answered, and not gone with a goodbye: the count a run's summary
+            # checks for an overloaded machine or a network that drops peers.
+            "unanswered": len(unanswered),
             "strategy": dict(self.artefacts.records),
         }
         if refused is not None:
@@ -328,7 +331,7 @@ class Node:
             record["safeguard_weight"] = safeguard.weight
         record.update(self._deployment_record(test_acc, acc_agg, deployed_trained, deployed_aggregated))
         self.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
-                      r, self.scenario.rounds, test_acc, acc_agg, len(record["arrived"]), record["asked"],
+                      r, self.scenario.rounds, test_acc, acc_agg, len(set(record["arrived"])), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
         return record
 
@@ -370,13 +373,16 @@ class Node:
                 "safeguard_kept_own": aggregated.kept_local, "safeguard_evidence_trained": trained.evidence,
                 "safeguard_evidence": aggregated.evidence}
 
-    def _warn_silent(self, r: int, silent: set[str]) -> None:
-        """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY rounds."""
-        for peer in sorted(silent - set(self.endpoint.departed)):
+    def _warn_silent(self, r: int, silent: set[str]) -> set[str]:
+        """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY
+        rounds; returns those peers, less the ones that said goodbye."""
+        unanswered = silent - set(self.endpoint.departed)
+        for peer in sorted(unanswered):
             if r - self._warned.get(peer, -WARN_EVERY) >= WARN_EVERY:
                 self._warned[peer] = r
                 self.log.warning("round %d: %s did not answer (no warning about it again for %d rounds)",
                                  r, peer, WARN_EVERY - 1)
+        return unanswered
 
     async def sit_out(self, r: int) -> dict[str, Any]:
         """A round this node does not take part in: no training, no downloads; it keeps serving its
@@ -397,7 +403,7 @@ class Node:
             "test_acc_aggregated": deployed.acc, "train_loss": None, "train_steps": 0,
             **self.counter.round_summary(r), "wall_s": sum(time_record.values()), "started_at": started_at,
             "time": time_record, "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
-            "asked": 0, "arrived": [], "stale": [], "strategy": {}, **scores,
+            "asked": 0, "arrived": [], "stale": [], "unanswered": 0, "strategy": {}, **scores,
         }
 
     def _refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
+from p2pfl.scenario.results import UNANSWERED_WARN_SHARE, download_health, download_warning
 from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
                                    scenario_from_dict)
 
@@ -126,6 +127,8 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
         "held_out_acc": results["summary"].get("held_out_acc"),
         "epsilon": results["summary"].get("max_epsilon"),
         "wall_s": results["summary"]["wall_s"],
+        # From the nodes' rounds, so that runs made before the summary kept it are checked too.
+        "unanswered_share": download_health(nodes)["unanswered_share_second_half"],
     }
 
 
@@ -223,7 +226,22 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
                     "arrive: the setup exchange (Client2Vec's index) and the start-up announcements (one control "
                     "message from each peer to each node, so they grow with the square of the node count)."
                     if show_setup else ""))
+    starved = starved_runs(rows)
+    if starved:
+        lines.append("")
+        lines.append(f"**Not comparable:** in these runs over {100 * UNANSWERED_WARN_SHARE:.0f} % of the downloads asked "
+                     "for in the second half of the rounds went unanswered (peers that died, or a machine too loaded "
+                     "to answer within `runtime.fetch_timeout_s`); run them again alone: "
+                     + ", ".join(starved) + ".")
     return "\n".join(lines)
+
+
+def starved_runs(rows: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    """`row seed N (x %)` for every run whose nodes went without over UNANSWERED_WARN_SHARE of
+    the downloads they asked for in the second half of the rounds."""
+    return [f"{label} seed {run.get('seed')} ({100 * run['unanswered_share']:.0f} %)"
+            for label, runs in rows.items() for run in runs
+            if (run.get("unanswered_share") or 0.0) > UNANSWERED_WARN_SHARE]
 
 
 def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
@@ -337,6 +355,9 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
         print(f"{row.label} seed {seed}: acc {100 * s['final']:.1f} % (aggregated {100 * s['final_aggregated']:.1f} %), "
               f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
               file=sys.stderr)
+        warning = download_warning(download_health(results["nodes"]))
+        if warning is not None:
+            print(f"{row.label} seed {seed}: {warning}", file=sys.stderr)
     summaries = {label: summaries[label] if earlier.get(label) is None else earlier[label]
                  for label in table_order(list(summaries), list(earlier))}
     table = format_table(summaries)

@@ -17,6 +17,43 @@ from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.timing import compute_fraction
 
 
+# More unanswered downloads than this share, over a run's second half, gets a warning. A run
+# alone on its machine answers nearly all of them after its first rounds (the 100-node pFedSV
+# runs on 2 cores: at most 3 % unanswered); two made beside another 100-node run lost 28 and
+# 50 % to fetch_timeout_s (docs/experiments.md).
+UNANSWERED_WARN_SHARE = 0.1
+
+
+def download_health(nodes: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """How many of the downloads the nodes asked for went unanswered, over the run and over its
+    second half of rounds (the first rounds wait on peers still training their first model).
+    A round counts each peer asked for once; `unanswered` leaves out peers that had said
+    goodbye (records made before it was kept count every peer that did not answer)."""
+    last = max((r["round"] for n in nodes for r in n.get("rounds", [])), default=0)
+    asked = missing = asked_late = missing_late = 0
+    for n in nodes:
+        for r in n.get("rounds", []):
+            n_asked = int(r.get("asked") or 0)
+            n_missing = int(r["unanswered"]) if "unanswered" in r else n_asked - len(set(r.get("arrived") or []))
+            asked, missing = asked + n_asked, missing + n_missing
+            if 2 * r["round"] > last:
+                asked_late, missing_late = asked_late + n_asked, missing_late + n_missing
+    return {"asked": asked, "unanswered": missing, "asked_second_half": asked_late,
+            "unanswered_second_half": missing_late,
+            "unanswered_share_second_half": missing_late / asked_late if asked_late else None}
+
+
+def download_warning(health: Mapping[str, Any]) -> str | None:
+    """A line saying that peers often did not answer in the run's second half, or None."""
+    share = health.get("unanswered_share_second_half")
+    if share is None or share <= UNANSWERED_WARN_SHARE:
+        return None
+    return (f"warning: {100 * share:.0f} % of the downloads asked for in the second half of the rounds went "
+            f"unanswered ({health['unanswered_second_half']} of {health['asked_second_half']}): peers that "
+            "died, or a machine too loaded to answer within runtime.fetch_timeout_s; the nodes learned from "
+            "fewer peers than the scenario says, so do not compare this run with one where they answered")
+
+
 def _mean_std(values: list[float]) -> tuple[float, float]:
     values = [v for v in values if v is not None and not math.isnan(v)]
     if not values:
@@ -65,6 +102,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "nodes_ok": sum(1 for n in nodes if n.get("status") == "ok"),
         # By each node's own status: a worker's exit code covers all its nodes, good or bad.
         "nodes_failed": [n["id"] for n in nodes if n.get("status") in ENDED_BADLY],
+        "downloads": download_health(nodes),
     }
     if coordinator is not None and coordinator.get("rounds"):
         held = [r.get("held_out_acc") for r in coordinator["rounds"] if r.get("held_out_acc") is not None]
@@ -152,6 +190,9 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")
     if s.get("nodes_failed"):
         lines.append(f"nodes that failed or ended isolated: {', '.join(s['nodes_failed'])}")
+    warning = download_warning(download_health(results["nodes"]))
+    if warning is not None:
+        lines.append(warning)
     return "\n".join(lines)
 
 

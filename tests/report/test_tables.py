@@ -171,6 +171,36 @@ def test_setup_bytes_are_counted_where_they_arrive_and_get_a_column_only_when_pr
     assert fedavg_row.split(" | ")[column] == "0.0" and indexed_row.split(" | ")[column] == "4.0"
 
 
+def test_unanswered_downloads_are_counted_per_peer_over_the_runs_second_half_and_flag_the_run() -> None:
+    from p2pfl.scenario.compare import format_table, starved_runs
+    from p2pfl.scenario.results import download_health, download_warning
+
+    def rounds(*asked_unanswered: tuple[int, int]) -> list[dict]:
+        return [{"round": i + 1, "asked": a, "unanswered": u} for i, (a, u) in enumerate(asked_unanswered)]
+
+    # Four rounds: the first half's misses (peers still in their first round) do not count.
+    healthy = [{"rounds": rounds((4, 4), (4, 2), (4, 0), (4, 0))}, {"rounds": rounds((4, 3), (4, 0), (4, 0), (4, 1))}]
+    health = download_health(healthy)
+    assert (health["asked"], health["unanswered"]) == (32, 10)
+    assert (health["asked_second_half"], health["unanswered_second_half"]) == (16, 1)
+    assert download_warning(health) is None  # 1 in 16 is under the 10 % that warns
+    starved = [{"rounds": rounds((4, 2), (4, 2), (4, 2), (4, 1))}]
+    warning = download_warning(download_health(starved))
+    assert warning is not None and "38 % of the downloads" in warning and "(3 of 8)" in warning
+    # Records made before `unanswered` was kept: peers asked for less the distinct senders that arrived
+    # (a peer whose two parts arrived answered once).
+    old = [{"rounds": [{"round": 1, "asked": 3, "arrived": ["a", "a", "b"]}, {"round": 2, "asked": 3, "arrived": ["a"]}]}]
+    assert download_health(old)["unanswered"] == 3 and download_health(old)["unanswered_share_second_half"] == 2 / 3
+    # A run that asks nobody (Local) has no share and no warning.
+    assert download_health([{"rounds": rounds((0, 0), (0, 0))}])["unanswered_share_second_half"] is None
+    assert download_warning(download_health([])) is None
+    # compare.md names the run that starved, and only that one.
+    fine, hungry = _summary(0, [0.5, 0.5]), {**_summary(1, [0.5, 0.5]), "unanswered_share": 0.5}
+    assert starved_runs({"fedavg": [fine, hungry]}) == ["fedavg seed 1 (50 %)"]
+    assert "Not comparable" in format_table({"fedavg": [fine, hungry]})
+    assert "Not comparable" not in format_table({"fedavg": [fine]})
+
+
 def _guarded_round(local: float, federated: float, federated_aggregated: float, evidence: tuple[int, int],
                    evidence_trained: tuple[int, int]) -> dict:
     return {"round": 1, "test_acc_local": local, "test_acc_federated": federated,

@@ -13,7 +13,7 @@ import pytest
 
 from p2pfl.cli import main
 from p2pfl.logs import LEVEL_ENV, configure
-from p2pfl.scenario.results import build_results
+from p2pfl.scenario.results import build_results, download_health, format_summary
 from p2pfl.wire import NodeKey
 
 from .helpers import lone_node
@@ -41,6 +41,10 @@ def test_a_node_whose_peers_are_all_down_ends_isolated(tmp_path: Path, caplog: p
     assert "ended isolated" in text
     results = build_results(node.scenario, tmp_path / "run", {"node-0": 1, "node-1": 1}, 1.0, {})
     assert "node-0" in results["summary"]["nodes_failed"]
+    assert [r["unanswered"] for r in result["rounds"]] == [1, 1]
+    downloads = download_health([result])
+    assert (downloads["asked_second_half"], downloads["unanswered_second_half"]) == (1, 1)
+    assert "100 % of the downloads asked for in the second half" in format_summary({**results, "nodes": [result]})
 
 
 def test_a_local_node_asks_for_nobody_and_is_not_isolated(tmp_path: Path) -> None:

@@ -1,0 +1,40 @@
+"""Per-node figures stay readable: one line per node for a few nodes, the spread over nodes for many."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from p2pfl.report import MAX_NODE_SERIES, _plot_nodes  # noqa: E402
+
+
+def _series(nodes: int) -> list[tuple[str, list[tuple[int, float | None]]]]:
+    rng = np.random.default_rng(0)
+    # Node 0 sits out round 2 (no value), as a node under partial participation records none.
+    return [(f"node-{i}", [(r, None if (i, r) == (0, 2) else float(rng.random())) for r in (1, 2, 3)])
+            for i in range(nodes)]
+
+
+def test_a_few_nodes_get_a_line_each() -> None:
+    fig, ax = plt.subplots()
+    _plot_nodes(ax, _series(3))
+    assert [line.get_label() for line in ax.get_lines()] == ["node-0", "node-1", "node-2"]
+    plt.close(fig)
+
+
+def test_many_nodes_get_their_mean_and_percentile_bands() -> None:
+    series = _series(MAX_NODE_SERIES + 8)
+    fig, ax = plt.subplots()
+    _plot_nodes(ax, series)
+    (mean_line,) = ax.get_lines()
+    assert mean_line.get_label() == f"mean of {len(series)} nodes"
+    expected = [np.mean([v for _, points in series for r, v in points if r == k and v is not None]) for k in (1, 2, 3)]
+    assert list(mean_line.get_xdata()) == [1, 2, 3]
+    assert mean_line.get_ydata() == pytest.approx(expected)
+    bands = [c.get_label() for c in ax.collections]
+    assert bands == ["10th to 90th percentile of nodes", "25th to 75th percentile of nodes"]
+    plt.close(fig)
