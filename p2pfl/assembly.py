@@ -98,6 +98,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         node_id=config.id, key=key, roster=Roster({pid: info.public_key for pid, info in infos.items()}),
         urls={pid: info.url for pid, info in infos.items()}, counter=counter,
         limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
+        held_bytes=int(sc.runtime.held_mb * 2**20),
         max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=logging.getLogger(f"p2pfl.{config.id}"),
         tls=server_context(key, config.id) if sc.runtime.tls else None,
         pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},

@@ -75,6 +75,7 @@ class Coordinator:
             roster=Roster({pid: p.public_key for pid, p in config.peers.items()}),
             urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
+            held_bytes=int(sc.runtime.held_mb * 2**20),
             expected_for=lambda kind, part: self._declared(kind, "spec"),
             meta_schema_for=lambda kind, part: self._declared(kind, "meta"),
             on_message=self._on_submission, status=lambda: {"id": config.id, "round": self.round, "done": self.done},

@@ -127,6 +127,8 @@ class RuntimeSpec:
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
     wire_precision: str = "float32"   # shared parameters on the wire: float32 | float16 | int8 (per-tensor scale)
+    held_mb: float = 32.0             # a node serves its published versions that fit here (the latest always), so a
+                                      # peer that ran ahead still serves the round asked for: runs reproducible
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
@@ -140,6 +142,8 @@ class RuntimeSpec:
         Topology.parse(self.topology)
         if self.workers < 0:
             raise ConfigError("runtime.workers", f"must be >= 0 (0: one per core), got {self.workers}")
+        if not self.held_mb >= 0:
+            raise ConfigError("runtime.held_mb", f"must be >= 0 (0: serve the latest version only), got {self.held_mb}")
         if not self.start_wait_s >= 0:
             raise ConfigError("runtime.start_wait_s", f"must be >= 0, got {self.start_wait_s}")
         if self.torch_threads < 1:

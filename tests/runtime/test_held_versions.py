@@ -1,0 +1,84 @@
+"""A peer that ran ahead still serves the round a slower node asks for: a read for version R gets
+the earliest version >= R the peer holds (the versions that fit in `runtime.held_mb`), so which
+model a node aggregates does not depend on timing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import torch
+
+from p2pfl.assembly import assemble_node
+from p2pfl.models import part_state
+from p2pfl.runtime.config import load_node_config
+from p2pfl.runtime.placement import host_snapshot
+from p2pfl.runtime.transport import published_bytes
+from p2pfl.scenario.launcher import write_run_folder
+from p2pfl.scenario.schema import load_scenario
+
+from .helpers import write_tiny
+
+
+def test_a_read_gets_the_earliest_held_version_at_or_after_the_one_asked_for(tmp_path: Path) -> None:
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, samples=40, timeout=5.0))
+    paths, _ = write_run_folder(scenario, tmp_path / "run")
+    ahead, behind = (assemble_node(load_node_config(p), scenario) for p in paths)
+    held, published = 3, 5  # room for three versions: 1 and 2 are dropped
+
+    def state_of(version: int) -> dict[str, torch.Tensor]:
+        return host_snapshot({k: torch.full_like(v, float(version)) for k, v in part_state(ahead.model, "full").items()})
+
+    async def scenario_() -> dict[int, tuple[int, float]]:
+        await ahead.endpoint.start(ahead.config.host, ahead.config.port)
+        await behind.endpoint.start(behind.config.host, behind.config.port)
+        try:
+            for version in range(1, published + 1):
+                await ahead.endpoint.publish(version, version, {"full": state_of(version)}, {"n_train": 5})
+                if version == 1:
+                    assert ahead.endpoint.store.latest is not None
+                    ahead.endpoint.store.held_bytes = held * published_bytes(ahead.endpoint.store.latest)
+            assert [p.version for p in ahead.endpoint.store.recent] == [3, 4, 5]
+            got = {}
+            for asked in range(1, published + 2):
+                message = await behind.endpoint.fetch(ahead.config.id, "full", asked, timeout=0.5)
+                assert message is not None, asked
+                tensors = behind._peer_model(message).tensors
+                got[asked] = (message.header.version, float(next(iter(tensors.values())).flatten()[0]))
+            return got
+        finally:
+            await ahead.endpoint.close()
+            await behind.endpoint.close()
+
+    got = asyncio.run(scenario_())
+    oldest_held = published - held + 1
+    for asked, (version, value) in got.items():
+        if asked <= oldest_held:
+            assert version == oldest_held  # dropped versions: the earliest held instead
+        elif asked <= published:
+            assert version == asked  # held: exactly the version asked for, not the newest
+        else:
+            assert version == published  # none newer yet: the latest, a stale answer after the wait
+        assert value == float(version)  # the body served is that version's
+
+
+def test_the_latest_version_is_served_whatever_the_room() -> None:
+    from p2pfl.runtime.transport import PartStore, Published
+    from p2pfl.wire.body import encode_body
+
+    async def scenario_() -> list[int]:
+        store = PartStore(held_bytes=0)  # runtime.held_mb = 0: the latest only, as before versions were held
+        for version in (1, 2):
+            await store.publish(Published(version, version, {"full": encode_body({"w": torch.ones(4)})}, {}))
+        return [p.version for p in store.recent] + [store.held(1).version]  # type: ignore[union-attr]
+
+    assert asyncio.run(scenario_()) == [2, 2]
+
+
+def test_a_negative_held_mb_names_the_field(tmp_path: Path) -> None:
+    import pytest
+
+    from p2pfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"runtime\.held_mb"):
+        load_scenario(write_tiny(tmp_path), ["runtime.held_mb=-1"])
