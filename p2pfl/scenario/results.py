@@ -54,6 +54,30 @@ def download_warning(health: Mapping[str, Any]) -> str | None:
             "fewer peers than the scenario says, so do not compare this run with one where they answered")
 
 
+# What two runs of one seed must agree on, per node and round. Bytes and times are left out: a
+# peer's reads land in whichever of its rounds they arrive, and wall time is never the same.
+SAME_RUN_KEYS = ("participated", "test_acc", "test_acc_aggregated", "train_loss", "asked", "arrived", "stale")
+
+
+def first_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[int, list[str]] | None:
+    """The first round in which two runs' node records differ (in SAME_RUN_KEYS, or in which
+    rounds there are), with the nodes that differ in it; None when the runs are the same."""
+    nodes_a = {n["id"]: {r["round"]: r for r in n.get("rounds", [])} for n in a["nodes"]}
+    nodes_b = {n["id"]: {r["round"]: r for r in n.get("rounds", [])} for n in b["nodes"]}
+    first: dict[str, int] = {}
+    for nid in sorted(set(nodes_a) | set(nodes_b)):
+        rounds_a, rounds_b = nodes_a.get(nid, {}), nodes_b.get(nid, {})
+        for r in sorted(set(rounds_a) | set(rounds_b)):
+            ra, rb = rounds_a.get(r), rounds_b.get(r)
+            if ra is None or rb is None or any(ra.get(k) != rb.get(k) for k in SAME_RUN_KEYS):
+                first[nid] = r
+                break
+    if not first:
+        return None
+    earliest = min(first.values())
+    return earliest, sorted(nid for nid, r in first.items() if r == earliest)
+
+
 def _mean_std(values: list[float]) -> tuple[float, float]:
     values = [v for v in values if v is not None and not math.isnan(v)]
     if not values:

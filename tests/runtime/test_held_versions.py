@@ -82,3 +82,19 @@ def test_a_negative_held_mb_names_the_field(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"runtime\.held_mb"):
         load_scenario(write_tiny(tmp_path), ["runtime.held_mb=-1"])
+
+
+def test_first_difference_finds_the_round_two_runs_part_in_and_ignores_bytes() -> None:
+    from p2pfl.scenario.results import first_difference
+
+    def run(acc_node_1_round_2: float, bytes_node_0: int = 10) -> dict:
+        rounds = lambda nid: [{"round": r, "test_acc": acc_node_1_round_2 if (nid, r) == (1, 2) else 0.5,
+                               "arrived": ["node-0"], "bytes_sent": bytes_node_0 if nid == 0 else 10}
+                              for r in (1, 2, 3)]
+        return {"nodes": [{"id": f"node-{i}", "rounds": rounds(i)} for i in (0, 1)]}
+
+    assert first_difference(run(0.5), run(0.5, bytes_node_0=99)) is None  # bytes land where reads arrive
+    assert first_difference(run(0.5), run(0.7)) == (2, ["node-1"])
+    shorter = run(0.5)
+    shorter["nodes"][0]["rounds"].pop()
+    assert first_difference(run(0.5), shorter) == (3, ["node-0"])
