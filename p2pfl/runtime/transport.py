@@ -173,10 +173,11 @@ class PartStore:
     earliest held version at or after the one it asks for, and one asking for a newer version
     waits on the condition."""
 
-    def __init__(self, held_bytes: int = DEFAULT_HELD_BYTES) -> None:
+    def __init__(self, held_bytes: float = DEFAULT_HELD_BYTES) -> None:
         self.latest: Published | None = None
         self.held_bytes = held_bytes
         self.recent: collections.deque[Published] = collections.deque()
+        self._recent_bytes = 0
         # Rounds up to here this node sits out (partial participation): nobody waits for them.
         self.sitting_out_through = 0
         # A failed node serves nothing more: reads waiting on it end now, not at their timeout
@@ -193,14 +194,16 @@ class PartStore:
         async with self._changed:
             self.latest, self.withdrawn = published, False
             self.recent.append(published)
-            while len(self.recent) > 1 and sum(map(published_bytes, self.recent)) > self.held_bytes:
-                self.recent.popleft()
+            self._recent_bytes += published_bytes(published)
+            while len(self.recent) > 1 and self._recent_bytes > self.held_bytes:
+                self._recent_bytes -= published_bytes(self.recent.popleft())
             self._changed.notify_all()
 
     async def withdraw(self) -> None:
         async with self._changed:
             self.latest, self.withdrawn = None, True
             self.recent.clear()
+            self._recent_bytes = 0
             self._changed.notify_all()
 
     def held(self, min_version: int) -> Published | None:
@@ -222,23 +225,15 @@ class PartStore:
 
 
 class SetupStore(PartStore):
-    """Every setup step a node published, kept: a read of step s gets the earliest step >= s that
-    holds the part, so a peer that is ahead never hides the step a slower one still needs."""
+    """Every setup step a node published, kept (no byte limit): a read of step s gets the
+    earliest step >= s that holds the part, so a peer that is ahead never hides the step a
+    slower one still needs."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.history: list[Published] = []
-
-    async def publish(self, published: Published) -> None:
-        self.history.append(published)
-        await super().publish(published)
-
-    async def withdraw(self) -> None:
-        self.history.clear()
-        await super().withdraw()
+        super().__init__(held_bytes=math.inf)
 
     def earliest(self, min_version: int, part: str) -> Published | None:
-        for published in self.history:
+        for published in self.recent:
             if published.version >= min_version and (part in published.bodies or part in published.addressed):
                 return published
         return None
@@ -275,7 +270,7 @@ class Endpoint:
         tls: ssl.SSLContext | None = None,
         pins: Mapping[str, str] | None = None,
         log: logging.Logger | None = None,
-        held_bytes: int = DEFAULT_HELD_BYTES,
+        held_bytes: float = DEFAULT_HELD_BYTES,
     ) -> None:
         self.node_id = node_id
         self.key = key

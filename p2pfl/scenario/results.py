@@ -214,7 +214,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")
     if s.get("nodes_failed"):
         lines.append(f"nodes that failed or ended isolated: {', '.join(s['nodes_failed'])}")
-    warning = download_warning(download_health(results["nodes"]))
+    warning = download_warning(s["downloads"])
     if warning is not None:
         lines.append(warning)
     return "\n".join(lines)
