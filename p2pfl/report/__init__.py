@@ -125,26 +125,52 @@ def plot_bytes(results: Mapping[str, Any], out: Path) -> Path:
     return _save(fig, out / "bytes_per_round.png")
 
 
+def _mean_phase_seconds(node: Mapping[str, Any], phase: str) -> float:
+    return float(np.mean([r["time"][f"{phase}_s"] for r in node["rounds"] if r.get("time")]))
+
+
+# The ranks a figure of many nodes shows, as percentiles of the nodes' mean round time.
+REPRESENTATIVE_PERCENTILES = (0, 10, 25, 50, 75, 90, 100)
+_PERCENTILE_NAMES = {0: "fastest", 50: "median", 100: "slowest"}
+
+
+def representative_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(label, node) for the bars of the per-node panel. Up to MAX_NODE_SERIES nodes: every node,
+    labelled by its id. More: the nodes at REPRESENTATIVE_PERCENTILES of the mean round time
+    (nearest rank, fastest first), so that a hundred nodes give seven bars that show the spread."""
+    if len(nodes) <= MAX_NODE_SERIES:
+        return [(n["id"], n) for n in nodes]
+    by_total = sorted(nodes, key=lambda n: sum(_mean_phase_seconds(n, phase) for phase in PHASES))
+    chosen = []
+    for q in REPRESENTATIVE_PERCENTILES:
+        node = by_total[round(q / 100 * (len(by_total) - 1))]
+        chosen.append((f"{node['id']} ({_PERCENTILE_NAMES.get(q, f'{q}th pct')})", node))
+    return chosen
+
+
 def plot_round_time(results: Mapping[str, Any], out: Path) -> Path | None:
-    """Where each node's round time goes (mean seconds per round, stacked by phase), and per round."""
+    """Where each node's round time goes (mean seconds per round, stacked by phase), and per round.
+    With more than MAX_NODE_SERIES nodes the per-node panel shows the nodes at a few percentiles
+    of the round time (`representative_nodes`); the per-round panel always averages over all."""
     nodes = [n for n in results["nodes"] if any(r.get("time") for r in n.get("rounds", []))]
     if not nodes:
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.35 * len(nodes) + 1.5)))
-    y = np.arange(len(nodes))
-    offset = np.zeros(len(nodes))
+    shown = representative_nodes(nodes)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.35 * len(shown) + 1.5)))
+    y = np.arange(len(shown))
+    offset = np.zeros(len(shown))
     for phase in PHASES:
-        seconds = np.array([np.mean([r["time"][f"{phase}_s"] for r in n["rounds"] if r.get("time")]) for n in nodes])
+        seconds = np.array([_mean_phase_seconds(n, phase) for _, n in shown])
         left.barh(y, seconds, left=offset, color=PHASE_COLOURS[phase], label=phase)
         offset += seconds
-    for i, n in enumerate(nodes):
+    for i, (_, n) in enumerate(shown):
         fraction = compute_fraction(n["rounds"])
         if fraction is not None:
             left.text(offset[i], i, f" {fraction:.0%} compute", va="center", fontsize=7)
-    left.set_yticks(y, [n["id"] for n in nodes], fontsize=7)
+    left.set_yticks(y, [label for label, _ in shown], fontsize=7)
     left.invert_yaxis()
     left.set_xlabel("seconds per round (mean over rounds)")
-    left.set_title("per node")
+    left.set_title("per node" if len(shown) == len(nodes) else f"{len(nodes)} nodes: fastest to slowest")
     left.set_xlim(0, offset.max() * 1.25)
     rounds = sorted({r["round"] for n in nodes for r in n["rounds"] if r.get("time")})
     bottom = np.zeros(len(rounds))

@@ -9,7 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from p2pfl.report import MAX_NODE_SERIES, _plot_nodes  # noqa: E402
+from p2pfl.report import MAX_NODE_SERIES, _plot_nodes, representative_nodes  # noqa: E402
+from p2pfl.runtime.timing import PHASES  # noqa: E402
 
 
 def _series(nodes: int) -> list[tuple[str, list[tuple[int, float | None]]]]:
@@ -38,3 +39,25 @@ def test_many_nodes_get_their_mean_and_percentile_bands() -> None:
     bands = [c.get_label() for c in ax.collections]
     assert bands == ["10th to 90th percentile of nodes", "25th to 75th percentile of nodes"]
     plt.close(fig)
+
+
+def _timed_node(index: int, seconds_per_phase: float) -> dict:
+    time = {f"{phase}_s": seconds_per_phase for phase in PHASES}
+    return {"id": f"node-{index}", "rounds": [{"round": 1, "time": time}, {"round": 2, "time": time}]}
+
+
+def test_round_time_of_a_few_nodes_shows_every_node() -> None:
+    nodes = [_timed_node(i, 1.0 + i) for i in range(3)]
+    assert [label for label, _ in representative_nodes(nodes)] == ["node-0", "node-1", "node-2"]
+
+
+def test_round_time_of_many_nodes_shows_the_nodes_at_percentiles_of_round_time() -> None:
+    # 101 nodes whose round time is a shuffled 0..100, so the node at percentile q takes q seconds.
+    order = np.random.default_rng(1).permutation(101)
+    nodes = [_timed_node(i, float(order[i]) / len(PHASES)) for i in range(101)]
+    shown = representative_nodes(nodes)
+    totals = [sum(n["rounds"][0]["time"].values()) for _, n in shown]
+    assert totals == pytest.approx([0, 10, 25, 50, 75, 90, 100])
+    assert shown[0][0] == f"node-{int(np.argmin(order))} (fastest)"
+    assert shown[3][0].endswith("(median)") and shown[-1][0].endswith("(slowest)")
+    assert shown[1][0].endswith("(10th pct)")
