@@ -14,6 +14,7 @@ import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.data import build_partition, data_fingerprint
 from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
-from p2pfl.runtime.config import NodeConfig, PeerInfo, node_ids
+from p2pfl.runtime.config import NodeConfig, PeerInfo, load_node_config, node_ids
 from p2pfl.runtime.roster import ROSTER_FILE, write_roster
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts
 from p2pfl.runtime.strategy import COORDINATOR_ID
@@ -161,7 +162,7 @@ def _hosts_on_ray(workers: RayWorkers, out: Path, resume: bool, bar: tqdm) -> tu
 
     async def poll() -> None:
         while not all(f.done() for f in futures.values()):
-            bar.update(max(0, await workers.rounds_done() - bar.n))
+            bar.update(max(0, await workers.sync(out) - bar.n))
             await asyncio.sleep(0.5)
 
     poller = asyncio.ensure_future(poll())
@@ -222,7 +223,9 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
 
 
 def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float | None,
-                dashboard_port: int | None = None) -> dict[str, int]:
+                dashboard_port: int | None = None, resume: bool = False) -> dict[str, int]:
+    """Run on new actors: a new run folder, or with `resume` the run in `out` again, its nodes
+    at new addresses (the old actors and their ports are gone) with the same keys."""
     ray = connect(scenario.runtime.ray_address)
     workers = RayWorkers.start(ray, node_ids(scenario.nodes), scenario.runtime.workers)
     try:
@@ -230,11 +233,32 @@ def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float 
         if uses_coordinator(scenario):
             here = ray.util.get_node_ip_address()  # reachable from every actor, unlike loopback
             addresses[COORDINATOR_ID] = (here, free_ports(1, here)[0])
-        node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
-        return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
+        if resume:
+            node_paths, coordinator_path = readdress_run_folder(scenario, out, addresses)
+        else:
+            node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
+        return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
                                       ray_workers=workers, dashboard_port=dashboard_port))
     finally:
         workers.stop()
+
+
+def readdress_run_folder(scenario: Scenario, out: Path,
+                         addresses: Mapping[str, tuple[str, int]]) -> tuple[list[Path], Path | None]:
+    """Rewrite the node configs of the run in `out` (checked by `existing_run_folder`) for new
+    addresses (id -> host, port), keeping every key: peers know a node by its key, and its
+    checkpoint is signed with it."""
+    node_paths, coordinator_path = existing_run_folder(scenario, out)
+    folder = RunFolder(out)
+    ids = [p.stem for p in node_paths] + ([COORDINATOR_ID] if coordinator_path is not None else [])
+    infos = {i: peer_info(scenario, i, NodeKey.load(folder.key(i)), *addresses[i]) for i in ids}
+    for path in [*node_paths, *([coordinator_path] if coordinator_path is not None else [])]:
+        config = load_node_config(path)
+        peers = {p: infos[p] for p in config.peers}
+        coordinator = infos[COORDINATOR_ID] if config.coordinator is not None else None
+        replace(config, host=addresses[config.id][0], port=addresses[config.id][1], peers=peers,
+                coordinator=coordinator).save(path)
+    return node_paths, coordinator_path
 
 
 def claim_out(out: Path, force: bool) -> None:
@@ -297,10 +321,11 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         print(f"warning: data.samples_per_node = {scenario.data.samples_per_node} is more than any node's share "
               f"(the largest has {partition.meta['largest_share']} samples); nodes use their whole share",
               file=sys.stderr)
-    if resume:
-        if scenario.runtime.placement == "ray":
-            raise ConfigError("--resume", "a run on Ray cannot be resumed yet (its workers' ports are gone); "
-                                          "start it again, or run it with placement \"shared\" to resume")
+    if resume and scenario.runtime.placement == "ray":
+        existing_run_folder(scenario, out.resolve())  # before a cluster is joined: a wrong folder is an error now
+        RunFolder(out).results.unlink(missing_ok=True)
+        codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, dashboard_port, resume=True)
+    elif resume:
         node_paths, coordinator_path = existing_run_folder(scenario, out.resolve())
         RunFolder(out).results.unlink(missing_ok=True)
         codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,

@@ -3,9 +3,14 @@
 Ray only places the workers and carries their files; between nodes everything still crosses
 the signed HTTP wire, exactly as in the other placements and in a LAN deployment. Each actor
 binds its nodes' endpoints on its own host's address, gets its share of the run folder
-(scenario, node configs, keys) at start, runs the nodes in a private folder on its host, and
-returns what they wrote (results, checkpoints, artefacts, its log), which the launcher puts
-into the run folder. The coordinator, when an algorithm has one, runs beside the launcher.
+(scenario, node configs, keys; on --resume also its nodes' checkpoints, round lines and
+artefacts) at start, runs the nodes in a private folder on its host, and returns what they
+wrote (results, checkpoints, artefacts, its log), which the launcher puts into the run folder.
+While they run, the launcher's progress poll also carries back every checkpoint, round line
+and artefact that changed, so a run interrupted on the head (or an actor lost with its host)
+leaves in the run folder every round its nodes finished, and `p2pfl run --resume` continues
+it on new actors and new ports. The coordinator, when an algorithm has one, runs beside the
+launcher.
 
 Start a cluster with `ray start --head` (and `ray start --address HEAD:6379` on the other
 machines, each with p2pfl installed), then `p2pfl run SCENARIO --out RUN --ray auto`.
@@ -19,7 +24,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -71,6 +76,7 @@ class NodeWorker:
         self.name = name
         self.folder = Path(tempfile.mkdtemp(prefix=f"p2pfl-{name}-"))
         self.rounds_done = 0
+        self.synced: dict[Path, tuple[int, int]] = {}
 
     def address(self, count: int) -> tuple[str, list[int]]:
         """This host's address as peers reach it, and `count` free ports on it."""
@@ -81,8 +87,20 @@ class NodeWorker:
         host = ray.util.get_node_ip_address()
         return host, free_ports(count, host)
 
-    def progress(self) -> int:
-        return self.rounds_done
+    def sync(self) -> tuple[int, dict[str, bytes]]:
+        """Rounds finished so far, and the files a resume needs (`resume_files`) that changed
+        since the last call, by path relative to the run folder."""
+        changed = {}
+        for path in _resume_files(self.folder):
+            try:
+                stat = path.stat()
+                mark = (stat.st_size, stat.st_mtime_ns)
+                if self.synced.get(path) != mark:
+                    changed[str(path.relative_to(self.folder))] = path.read_bytes()
+                    self.synced[path] = mark
+            except OSError:  # replaced between listing and reading: the next poll takes it
+                continue
+        return self.rounds_done, changed
 
     async def run(self, files: Mapping[str, bytes], node_ids: Sequence[str], resume: bool) -> dict[str, Any]:
         """Write `files` (paths relative to the run folder) into this worker's folder, run the
@@ -107,11 +125,24 @@ class NodeWorker:
 
         results = await host_nodes(configs, resume=resume, on_round=counted)
         logging.shutdown()
-        given = {self.folder / rel for rel in files}  # scenario, configs and keys: never sent back
+        # Scenario, configs and keys are never sent back; a resumed node's own state is, as it changed.
+        given = {folder.scenario} | {p for nid in node_ids for p in (folder.key(nid), folder.node_config(nid))}
         written = {str(p.relative_to(self.folder)): p.read_bytes()
                    for p in sorted(self.folder.rglob("*")) if p.is_file() and p not in given}
         shutil.rmtree(self.folder, ignore_errors=True)
         return {"status": {r["id"]: r["status"] for r in results}, "files": written}
+
+
+def _resume_files(root: Path, node_ids: Sequence[str] | None = None) -> list[Path]:
+    """What a node resumes from, under run folder `root`: its checkpoint, the round lines a live
+    view reads, and its artefacts (which it appends to); of `node_ids`, or of every node there."""
+    folder = RunFolder(root)
+    if node_ids is None:
+        return [*sorted((root / "checkpoints").glob("*.p2pfl")), *sorted((root / "nodes").glob("*.rounds.jsonl")),
+                *sorted(folder.artefacts.glob("*.jsonl"))]
+    candidates = [p for nid in node_ids
+                  for p in (folder.checkpoint(nid), folder.node_rounds(nid), folder.artefacts / f"{nid}.jsonl")]
+    return [p for p in candidates if p.is_file()]
 
 
 def _relocate(config: Any, folder: Path) -> Any:
@@ -121,6 +152,19 @@ def _relocate(config: Any, folder: Path) -> Any:
     return replace(config, key_file=RunFolder(folder).key(config.id), scenario=RunFolder(folder).scenario, out=folder)
 
 
+def _write_into(out: Path, name: str, files: Mapping[str, bytes]) -> None:
+    """Write files worker `name` sent (path relative to the run folder -> bytes) into `out`, each
+    atomically, so a reader (the dashboard, a later --resume) never sees half a checkpoint."""
+    for rel, data in files.items():
+        path = (out / rel).resolve()
+        if out.resolve() not in path.parents:
+            raise ValueError(f"{name} returned a file outside the run folder: {rel!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_bytes(data)
+        partial.replace(path)
+
+
 @dataclass
 class RayWorkers:
     """The actors of one run, and which nodes each hosts."""
@@ -128,6 +172,7 @@ class RayWorkers:
     ray: ModuleType
     actors: dict[str, Any]
     shares: dict[str, list[str]]
+    collected: set[str] = field(default_factory=set)  # workers whose final files are in; no older poll may overwrite them
 
     @classmethod
     def start(cls, ray: ModuleType, node_ids: Sequence[str], workers: int) -> RayWorkers:
@@ -160,27 +205,29 @@ class RayWorkers:
             files = dict([entry(folder.scenario)])
             for nid in ids:
                 files.update([entry(folder.key(nid)), entry(folder.node_config(nid))])
+            if resume:
+                files.update(entry(p) for p in _resume_files(out, ids))
             futures[name] = asyncio.wrap_future(self.actors[name].run.remote(files, ids, resume).future())
         return futures
 
-    async def rounds_done(self) -> int:
-        """Rounds finished so far over every actor that still answers."""
+    async def sync(self, out: Path) -> int:
+        """Rounds finished so far over every actor that still answers; what changed of their
+        nodes' resume state is written into the run folder `out` on the way."""
         total = 0
-        for actor in self.actors.values():
+        for name, actor in self.actors.items():
             try:
-                total += await asyncio.wrap_future(actor.progress.remote().future())
-            except Exception:  # a dead actor's rounds are lost with it; its nodes are reported failed
+                rounds, files = await asyncio.wrap_future(actor.sync.remote().future())
+            except Exception:  # a dead actor: its nodes are reported failed, its last synced rounds kept
                 continue
+            if name not in self.collected:
+                _write_into(out, name, files)
+            total += rounds
         return total
 
     def collect(self, out: Path, name: str, answer: dict[str, Any]) -> dict[str, int]:
         """Write what worker `name` returned into the run folder; node id -> exit status."""
-        for rel, data in answer["files"].items():
-            path = (out / rel).resolve()
-            if out.resolve() not in path.parents:
-                raise ValueError(f"{name} returned a file outside the run folder: {rel!r}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+        self.collected.add(name)
+        _write_into(out, name, answer["files"])
         return {nid: 1 if answer["status"].get(nid) in ENDED_BADLY else 0 for nid in self.shares[name]}
 
     def stop(self) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from p2pfl.cli import main
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.checkpoint import load_checkpoint
+from p2pfl.runtime.checkpoint import load_checkpoint, read_checkpoint
 from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario import ray_placement
 from p2pfl.scenario.launcher import run_scenario
@@ -114,6 +114,80 @@ def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path
     assert all((out_r / "nodes" / f"node-{i}.result.json").is_file() for i in range(4))
     urls = tomllib.loads((out_r / "nodes" / "node-0.toml").read_text())["peers"]["node-1"]["url"]
     assert urls.startswith("http://") and not urls.startswith("http://0.0.0.0")
+
+
+def _ray_actor_pids() -> list[int]:
+    """The process ids of this machine's NodeWorker actors (Ray titles an actor's process so)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::NodeWorker"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the actors through /proc")
+@pytest.mark.timeout(600)  # two lives on Ray, each joining the cluster and placing its actors
+def test_a_ray_run_whose_actors_die_resumes_on_new_actors_with_no_round_lost(tmp_path: Path,
+                                                                            ray_cluster: str) -> None:
+    scenario = write_tiny(tmp_path, nodes=4, rounds=6, samples=200, timeout=30.0)
+    out = (tmp_path / "run").resolve()
+    on_ray = ['runtime.placement="ray"', "runtime.workers=2", f'runtime.ray_address="{ray_cluster}"',
+              "runtime.linger_s=2"]
+    killed: list[int] = []
+
+    def rounds_synced(nid: str) -> int:
+        path = out / "nodes" / f"{nid}.rounds.jsonl"
+        return len(path.read_text().splitlines()) if path.is_file() else 0
+
+    def kill_every_actor_after_round_2() -> None:
+        deadline = time.monotonic() + 600  # joining the cluster and placing the actors comes first
+        while time.monotonic() < deadline and min(rounds_synced(f"node-{i}") for i in range(4)) < 2:
+            time.sleep(0.05)
+        for pid in _ray_actor_pids():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    killer = threading.Thread(target=kill_every_actor_after_round_2)
+    killer.start()
+    first, code = run_scenario(scenario, out, on_ray, progress=False, quiet=True)
+    killer.join()
+    assert killed and code == 1
+    assert all(n["status"] == "failed" for n in first["nodes"])
+    # What the progress poll carried back before the actors died: every node's checkpoint of
+    # round 2 or later, with the round records of its first life.
+    first_life = {}
+    for i in range(4):
+        nid = f"node-{i}"
+        _, document = read_checkpoint(out / "checkpoints" / f"{nid}.p2pfl", node_id=nid,
+                                      public_hex=NodeKey.load(out / "keys" / f"{nid}.key").public_hex)
+        assert document is not None and 2 <= document["round"] < 6, (nid, document and document["round"])
+        first_life[nid] = document["rounds"]
+    old_peers = tomllib.loads((out / "nodes" / "node-0.toml").read_text())["peers"]
+
+    resumed, code = run_scenario(scenario, out, on_ray, progress=False, quiet=True, resume=True)
+    assert code == 0, [(n["id"], n.get("error")) for n in resumed["nodes"]]
+    new_peers = tomllib.loads((out / "nodes" / "node-0.toml").read_text())["peers"]
+    # Same keys, new ports: the old actors' ports are gone.
+    assert {p: v["public_key"] for p, v in new_peers.items()} == {p: v["public_key"] for p, v in old_peers.items()}
+    assert [v["url"] for v in new_peers.values()] != [v["url"] for v in old_peers.values()]
+    for node in resumed["nodes"]:
+        assert node["status"] == "ok"
+        assert [r["round"] for r in node["rounds"]] == list(range(1, 7)), node["id"]
+        kept = first_life[node["id"]]
+        assert node["rounds"][:len(kept)] == json.loads(json.dumps(kept)), node["id"]  # its first life, as it was
+        assert all(r["arrived"] for r in node["rounds"][len(kept):]), node["id"]  # peers at new ports answered
+    logs = "".join((out / "logs" / f"worker-{w}.log").read_text() for w in (0, 1))
+    assert logs.count("resumed from") == 4
+
+
+def test_a_ray_resume_of_a_folder_without_a_run_is_refused_before_joining_a_cluster(tmp_path: Path) -> None:
+    scenario = write_tiny(tmp_path, nodes=2, rounds=1)
+    with pytest.raises(ConfigError, match=r"--resume.*no scenario.json"):
+        run_scenario(scenario, tmp_path / "empty", ['runtime.placement="ray"', 'runtime.ray_address="127.0.0.1:1"'],
+                     progress=False, quiet=True, resume=True)
 
 
 def test_ray_runs_an_algorithm_with_a_coordinator(tmp_path: Path, ray_cluster: str) -> None:
