@@ -223,9 +223,11 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
 
 
 def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float | None,
-                dashboard_port: int | None = None, resume: bool = False) -> dict[str, int]:
-    """Run on new actors: a new run folder, or with `resume` the run in `out` again, its nodes
-    at new addresses (the old actors and their ports are gone) with the same keys."""
+                dashboard_port: int | None = None,
+                resumed: tuple[list[Path], Path | None] | None = None) -> dict[str, int]:
+    """Run on new actors: a new run folder, or the run in `out` again when `resumed` gives its
+    node and coordinator configs (`existing_run_folder`), its nodes at new addresses (the old
+    actors and their ports are gone) with the same keys."""
     ray = connect(scenario.runtime.ray_address)
     workers = RayWorkers.start(ray, node_ids(scenario.nodes), scenario.runtime.workers)
     try:
@@ -233,32 +235,33 @@ def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float 
         if uses_coordinator(scenario):
             here = ray.util.get_node_ip_address()  # reachable from every actor, unlike loopback
             addresses[COORDINATOR_ID] = (here, free_ports(1, here)[0])
-        if resume:
-            node_paths, coordinator_path = readdress_run_folder(scenario, out, addresses)
+        if resumed is not None:
+            node_paths, coordinator_path = resumed
+            readdress_run_folder(scenario, out, [*node_paths, *([coordinator_path] if coordinator_path else [])],
+                                 addresses)
         else:
             node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
-        return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
+        return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
+                                      resumed is not None,
                                       ray_workers=workers, dashboard_port=dashboard_port))
     finally:
         workers.stop()
 
 
-def readdress_run_folder(scenario: Scenario, out: Path,
-                         addresses: Mapping[str, tuple[str, int]]) -> tuple[list[Path], Path | None]:
-    """Rewrite the node configs of the run in `out` (checked by `existing_run_folder`) for new
-    addresses (id -> host, port), keeping every key: peers know a node by its key, and its
-    checkpoint is signed with it."""
-    node_paths, coordinator_path = existing_run_folder(scenario, out)
+def readdress_run_folder(scenario: Scenario, out: Path, config_paths: Sequence[Path],
+                         addresses: Mapping[str, tuple[str, int]]) -> None:
+    """Rewrite the configs `config_paths` of the run in `out` (nodes', and the coordinator's
+    where there is one) for new addresses (id -> host, port), keeping every key: peers know a
+    node by its key, and its checkpoint is signed with it."""
     folder = RunFolder(out)
-    ids = [p.stem for p in node_paths] + ([COORDINATOR_ID] if coordinator_path is not None else [])
-    infos = {i: peer_info(scenario, i, NodeKey.load(folder.key(i)), *addresses[i]) for i in ids}
-    for path in [*node_paths, *([coordinator_path] if coordinator_path is not None else [])]:
+    infos = {p.stem: peer_info(scenario, p.stem, NodeKey.load(folder.key(p.stem)), *addresses[p.stem])
+             for p in config_paths}
+    for path in config_paths:
         config = load_node_config(path)
         peers = {p: infos[p] for p in config.peers}
         coordinator = infos[COORDINATOR_ID] if config.coordinator is not None else None
         replace(config, host=addresses[config.id][0], port=addresses[config.id][1], peers=peers,
                 coordinator=coordinator).save(path)
-    return node_paths, coordinator_path
 
 
 def claim_out(out: Path, force: bool) -> None:
@@ -321,15 +324,16 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         print(f"warning: data.samples_per_node = {scenario.data.samples_per_node} is more than any node's share "
               f"(the largest has {partition.meta['largest_share']} samples); nodes use their whole share",
               file=sys.stderr)
-    if resume and scenario.runtime.placement == "ray":
-        existing_run_folder(scenario, out.resolve())  # before a cluster is joined: a wrong folder is an error now
-        RunFolder(out).results.unlink(missing_ok=True)
-        codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, dashboard_port, resume=True)
-    elif resume:
+    if resume:
+        # Checked before any process starts or a cluster is joined: a wrong folder is an error now.
         node_paths, coordinator_path = existing_run_folder(scenario, out.resolve())
         RunFolder(out).results.unlink(missing_ok=True)
-        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
-                                       dashboard_port=dashboard_port))
+        if scenario.runtime.placement == "ray":
+            codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, dashboard_port,
+                                resumed=(node_paths, coordinator_path))
+        else:
+            codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
+                                           dashboard_port=dashboard_port))
     elif scenario.runtime.placement == "ray":
         claim_out(out, force)
         codes = _run_on_ray(scenario, out, progress, timeout_s, dashboard_port)

@@ -76,6 +76,7 @@ class NodeWorker:
         self.name = name
         self.folder = Path(tempfile.mkdtemp(prefix=f"p2pfl-{name}-"))
         self.rounds_done = 0
+        self.node_ids: Sequence[str] = ()
         self.synced: dict[Path, tuple[int, int]] = {}
 
     def address(self, count: int) -> tuple[str, list[int]]:
@@ -88,10 +89,10 @@ class NodeWorker:
         return host, free_ports(count, host)
 
     def sync(self) -> tuple[int, dict[str, bytes]]:
-        """Rounds finished so far, and the files a resume needs (`resume_files`) that changed
+        """Rounds finished so far, and the files a resume needs (`_resume_files`) that changed
         since the last call, by path relative to the run folder."""
         changed = {}
-        for path in _resume_files(self.folder):
+        for path in _resume_files(self.folder, self.node_ids):
             try:
                 stat = path.stat()
                 mark = (stat.st_size, stat.st_mtime_ns)
@@ -116,6 +117,7 @@ class NodeWorker:
             path.chmod(0o600)  # keys among them: a node refuses a key file others can read
         folder = RunFolder(self.folder)
         folder.create()
+        self.node_ids = node_ids
         logs.configure(filename=folder.log(self.name))
         configs = [load_node_config(folder.node_config(nid)) for nid in node_ids]
         configs = [_relocate(c, self.folder) for c in configs]
@@ -133,13 +135,10 @@ class NodeWorker:
         return {"status": {r["id"]: r["status"] for r in results}, "files": written}
 
 
-def _resume_files(root: Path, node_ids: Sequence[str] | None = None) -> list[Path]:
-    """What a node resumes from, under run folder `root`: its checkpoint, the round lines a live
-    view reads, and its artefacts (which it appends to); of `node_ids`, or of every node there."""
+def _resume_files(root: Path, node_ids: Sequence[str]) -> list[Path]:
+    """What nodes `node_ids` resume from, under run folder `root`, where it exists: each one's
+    checkpoint, the round lines a live view reads, and its artefacts (which it appends to)."""
     folder = RunFolder(root)
-    if node_ids is None:
-        return [*sorted((root / "checkpoints").glob("*.p2pfl")), *sorted((root / "nodes").glob("*.rounds.jsonl")),
-                *sorted(folder.artefacts.glob("*.jsonl"))]
     candidates = [p for nid in node_ids
                   for p in (folder.checkpoint(nid), folder.node_rounds(nid), folder.artefacts / f"{nid}.jsonl")]
     return [p for p in candidates if p.is_file()]
