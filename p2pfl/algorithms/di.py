@@ -213,7 +213,8 @@ class DI(GlobalModelStrategy):
     "lissa"), `hessian` ("head" or "all"), `cg_iterations`, `lissa_depth`, `hvp_samples`
     (training samples in the Hessian: 0 = all, as eq. 10; otherwise a random subset, fixed for
     CG and redrawn per step for LiSSA), `dic`. Coordinator half (`DIHalf`): `alpha`, `beta`,
-    `dia`, `xi_mapping` ("shift", "rank", "softmax"; see `p2pfl.core.dia`), `dic`.
+    `dia`, `xi_mapping` ("ratio", the paper's eq. 12 and the default; "shift", "rank", "softmax"; see
+    `p2pfl.core.dia`), `dic`.
     """
 
     name = "di"

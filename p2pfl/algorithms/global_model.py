@@ -36,6 +36,7 @@ from p2pfl.core.dia import (
     ga_step_size,
     ga_update,
     generalization_gap,
+    DEFAULT_XI_MAPPING,
     influence_distribution,
     validate_dia_params,
     validate_ga_params,
@@ -192,7 +193,7 @@ class DIHalf(GlobalModelHalf):
         beta: float = 1.0,
         dic: bool = True,
         dia: bool = True,
-        xi_mapping: str = "shift",
+        xi_mapping: str = DEFAULT_XI_MAPPING,
     ) -> None:
         super().__init__(env)
         self.validate(alpha, beta, dic, dia, xi_mapping)
@@ -204,7 +205,7 @@ class DIHalf(GlobalModelHalf):
 
     @staticmethod
     def validate(alpha: float = 1.0, beta: float = 1.0, dic: bool = True, dia: bool = True,
-                 xi_mapping: str = "shift") -> None:
+                 xi_mapping: str = DEFAULT_XI_MAPPING) -> None:
         validate_dia_params(float(alpha), float(beta), xi_mapping)
 
     @staticmethod

@@ -21,21 +21,31 @@ weights ξ_k (from `p2pfl.core.influence_functions.data_influence`) and training
 * φ is a *sum* of losses (the paper's definition), so a domain with more data has a larger
   φ' and a smaller w2 at equal mean loss. exp(−φ'_k) ∈ [e⁻¹, 1] is not normalised, as printed.
 
-Mixed-sign ξ. ξ_k/Σξ is only a distribution when all ξ have one sign; with mixed signs
-the sum can be ~0 (weights explode) and negative entries become negative "shares". Worse,
-for all-negative ξ the ratio reverses the order. `influence_distribution` offers three
-order-preserving maps onto the simplex (larger ξ → larger or equal ξ'):
+ξ' (eq. 12). The paper's ξ'_k = ξ_k / Σ ξ is mapping "ratio", the default. When every ξ has
+one sign it is |ξ_k| / Σ|ξ|, a share by magnitude. Every DI run here records all ξ negative,
+and there the ratio gives the most negative ξ the largest share: by Koh & Liang's sign, the
+domain whose up-weighting lowers the core loss most. Mixed signs make ξ/Σξ meaningless (the
+sum can be ~0, and negative entries become negative "shares"). Our fallback there follows the
+sign convention the observed regime fixes: a domain is helpful by −ξ, so
 
-* "shift" (default): ξ'_k = (ξ_k − m)/Σ_i(ξ_i − m) with m = min(0, min_i ξ_i). It *is* the
-  paper's ratio whenever all ξ ≥ 0, and is continuous as the smallest ξ crosses 0 (that
-  entry's share is ≈0 on both sides), so it only departs from the paper where the paper is
-  undefined. The smallest ξ gets share 0 when any ξ < 0; a far-out negative ξ compresses the
-  others towards equal shares (the min-shift is not robust to one outlier; "rank" is).
+    ξ'_k = max(−ξ_k, 0) / Σ_j max(−ξ_j, 0)        (mixed signs only)
+
+Harmful domains (ξ > 0) get share 0; the helpful ones share by magnitude, exactly as the
+ratio shares them when all ξ < 0. The fallback is continuous where an entry crosses 0 from the
+all-negative regime (its share is ≈0 on both sides); it is not continuous with the all-positive
+regime, where the printed ratio favours the largest ξ (the most harmful by Koh & Liang) and
+is used as printed. All ξ = 0 gives equal shares.
+
+Three order-preserving maps (larger ξ → larger or equal ξ') remain as options; they read ξ
+the other way round (larger ξ = more weight) and so reverse the paper's order when all ξ < 0:
+
+* "shift": ξ'_k = (ξ_k − m)/Σ_i(ξ_i − m) with m = min(0, min_i ξ_i); equal to the ratio when
+  all ξ ≥ 0. The smallest ξ gets share 0 when any ξ < 0.
 * "rank": ξ' ∝ rank of ξ (1 = smallest; ties share the mean rank): ignores magnitudes.
 * "softmax": ξ' = softmax(z/τ) with z = (ξ − mean ξ)/std ξ; standardising makes it invariant
   to the scale of ξ, which changes by orders of magnitude with the model and the damping.
 
-All three are invariant to multiplying ξ by a positive constant. Equal ξ (including all
+All four are invariant to multiplying ξ by a positive constant. Equal ξ (including all
 zero) give equal shares.
 
 GA (FedDG-GA, Zhang et al., CVPR 2023), weights a_k initialised to 1/n and updated each
@@ -62,7 +72,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-XI_MAPPINGS = ("shift", "rank", "softmax")
+XI_MAPPINGS = ("ratio", "shift", "rank", "softmax")
+DEFAULT_XI_MAPPING = "ratio"
 GA_METRICS = ("loss", "acc")
 GA_DEFAULT_STEP = 0.2
 
@@ -97,8 +108,10 @@ def validate_dia_params(alpha: float, beta: float, mapping: str, temperature: fl
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-def influence_distribution(xi: Sequence[float] | np.ndarray, mapping: str = "shift", temperature: float = 1.0) -> np.ndarray:
-    """ξ' on the simplex, order-preserving; "shift" equals ξ/Σξ when all ξ ≥ 0 (module doc)."""
+def influence_distribution(xi: Sequence[float] | np.ndarray, mapping: str = DEFAULT_XI_MAPPING,
+                           temperature: float = 1.0) -> np.ndarray:
+    """ξ' on the simplex: "ratio" is eq. 12's ξ/Σξ (with the mixed-sign fallback), the others
+    are order-preserving (module doc)."""
     if mapping not in XI_MAPPINGS:
         raise ValueError(f"unknown ξ mapping {mapping!r}; choose one of {XI_MAPPINGS}")
     arr = _as_finite(xi, "xi")
@@ -107,6 +120,11 @@ def influence_distribution(xi: Sequence[float] | np.ndarray, mapping: str = "shi
     if scale == 0.0:
         return _uniform(n)
     arr = arr / scale  # every mapping is scale-invariant; this keeps ξ − min from overflowing
+    if mapping == "ratio":
+        if (arr <= 0).all() or (arr >= 0).all():
+            return arr / arr.sum()  # one sign: ξ/Σξ as printed, = |ξ|/Σ|ξ|
+        helpful = np.clip(-arr, 0.0, None)  # mixed signs: Koh & Liang's helpful direction only
+        return helpful / helpful.sum()
     if mapping == "shift":
         shifted = arr - min(0.0, float(arr.min()))
         total = float(shifted.sum())
@@ -166,7 +184,7 @@ def dia(
     *,
     alpha: float = 1.0,
     beta: float = 1.0,
-    mapping: str = "shift",
+    mapping: str = DEFAULT_XI_MAPPING,
     temperature: float = 1.0,
 ) -> DIA:
     """DIA weights (eq. 12–15). `xi=None` (DIC off) makes ξ' uniform, hence w1 = 1/n."""
@@ -193,7 +211,7 @@ def dia_weights(
     *,
     alpha: float = 1.0,
     beta: float = 1.0,
-    mapping: str = "shift",
+    mapping: str = DEFAULT_XI_MAPPING,
     temperature: float = 1.0,
 ) -> np.ndarray:
     """ω of eq. 15 (see `dia`)."""

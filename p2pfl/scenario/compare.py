@@ -271,8 +271,8 @@ def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any]
     made_on, here = stored.get("data_fingerprint"), scenario_data_fingerprint(scenario)
     if made_on is not None and made_on != here:  # older runs carry none: nothing to check
         raise ConfigError("--reuse", f"{run_dir} was run on other data than this machine makes ({made_on} "
-                                     f"there, {here} here: the synth domain depends on the fonts installed); "
-                                     "pin the fonts with $P2PFL_FONT_DIRS, or run it again elsewhere")
+                                     f"there, {here} here: synth depends on the Pillow and matplotlib versions and on "
+                                     "the fonts $P2PFL_FONT_DIRS adds); install the pinned versions, or run it again")
     return stored
 
 

@@ -109,7 +109,7 @@ def test_registered_with_coordinator(name: str) -> None:
 
 
 @pytest.mark.parametrize("name,params", [
-    ("di", {"solver": "newton"}), ("di", {"hessian": "body"}), ("di", {"xi_mapping": "ratio"}),
+    ("di", {"solver": "newton"}), ("di", {"hessian": "body"}), ("di", {"xi_mapping": "quotient"}),
     ("di", {"alpha": 0.0}), ("di", {"core_size": 0}), ("di", {"nope": 1}), ("ga", {"fair_metric": "f1"}),
 ])
 def test_bad_params_fail_early(name: str, params: dict) -> None:
@@ -216,23 +216,27 @@ def test_di_weights_match_dia(round_one: list[Submission]) -> None:
 
 
 def test_what_dia_says_about_shuffled_labels(round_one: list[Submission]) -> None:
-    """The φ term penalises label noise; the ξ term, by the paper's sign, rewards it.
+    """Both DIA terms give a node with shuffled labels less weight than a clean one.
 
     A node with shuffled labels cannot fit them, so its training-loss sum φ is the largest
-    and its w2 the smallest. But ξ = −ḡᵀ(H + λI)⁻¹g_core is most negative for a node whose
+    and its w2 the smallest. ξ = −ḡᵀ(H + λI)⁻¹g_core is most negative for a node whose
     training gradient at the local model still aligns with its core gradient at the global
-    model (consistent data, not yet fitted); shuffled labels give small, incoherent
-    gradients and ξ near 0. Larger ξ means larger weight (eq. 13), so after a round from a
-    common initialisation the full DIA weight of the shuffled node is the larger one
-    (6 of 6 seeds when this was written). Asserted so that a change of behaviour is noticed.
+    model (consistent data, not yet fitted); shuffled labels give small, incoherent gradients
+    and ξ near 0. Eq. 12's ξ/Σξ with all ξ negative gives the most negative ξ the largest share,
+    so the ξ term agrees with the φ term. (Our order-preserving "shift" reads ξ the other way
+    round and rewards the shuffled node: kept as an option, asserted below so that it is noticed.)
     """
     good, _, shuffled = round_one
     assert shuffled.meta["phi"] > good.meta["phi"]
     phi_only = weights(DIHalf(env(), alpha=math.inf, beta=1.0).aggregate(1, round_one))
     assert phi_only["shuffled"] < phi_only["good"]
     assert good.meta["xi"] < shuffled.meta["xi"] < 0
+    xi_only = weights(DIHalf(env(), dia=False).aggregate(1, round_one))
+    assert xi_only["shuffled"] < xi_only["good"]
     full = weights(DIHalf(env()).aggregate(1, round_one))
-    assert full["shuffled"] > full["good"]
+    assert full["shuffled"] < full["good"]
+    shift = weights(DIHalf(env(), xi_mapping="shift").aggregate(1, round_one))
+    assert shift["shuffled"] > shift["good"]
 
 
 def test_xi_is_minus_a_newton_decrement_without_training() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -66,7 +67,10 @@ def test_weights_are_a_distribution_for_any_input(mapping: str) -> None:
                 assert (w >= 0).all() and w.sum() == pytest.approx(1.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("mapping", XI_MAPPINGS)
+ORDER_PRESERVING = tuple(m for m in XI_MAPPINGS if m != "ratio")
+
+
+@pytest.mark.parametrize("mapping", ORDER_PRESERVING)
 def test_mappings_preserve_order_and_scale(mapping: str) -> None:
     for _ in range(200):
         xi = RNG.normal(size=RNG.integers(2, 9)) * 10.0 ** RNG.integers(-6, 6)
@@ -78,15 +82,47 @@ def test_mappings_preserve_order_and_scale(mapping: str) -> None:
     np.testing.assert_allclose(influence_distribution([2.0, 2.0, 2.0], mapping), np.full(3, 1 / 3))
 
 
+def test_ratio_is_the_papers_eq_12_when_signs_agree() -> None:
+    assert dict(inspect.signature(influence_distribution).parameters)["mapping"].default == "ratio"
+    xi = np.array([-0.15, -0.30, -0.60, -0.20])
+    p = influence_distribution(xi)
+    np.testing.assert_allclose(p, xi / xi.sum())
+    np.testing.assert_allclose(p, [0.12, 0.24, 0.48, 0.16])
+    assert int(np.argmax(p)) == int(np.argmin(xi))  # all negative: the most negative ξ weighs most
+    np.testing.assert_allclose(influence_distribution([1.0, 3.0]), [0.25, 0.75])  # all positive, as printed
+    for _ in range(200):  # any one-signed ξ: exactly ξ/Σξ, and scale-invariant
+        xi = RNG.exponential(size=RNG.integers(2, 9)) * 10.0 ** RNG.integers(-6, 6) * RNG.choice([-1.0, 1.0])
+        np.testing.assert_allclose(influence_distribution(xi), xi / xi.sum(), rtol=1e-9)
+        np.testing.assert_allclose(influence_distribution(xi * 37.0), xi / xi.sum(), rtol=1e-9)
+    np.testing.assert_allclose(influence_distribution([0.0, 0.0]), [0.5, 0.5])
+
+
+def test_ratio_fallback_for_mixed_signs() -> None:
+    # the helpful direction (−ξ) only: harmful domains get 0, helpful ones share by magnitude
+    np.testing.assert_allclose(influence_distribution([-1.0, 1.0, -3.0]), [0.25, 0.0, 0.75])
+    # continuous as an entry crosses 0 from the all-negative regime
+    np.testing.assert_allclose(influence_distribution([-1.0, -2.0, -1e-9]), influence_distribution([-1.0, -2.0, 1e-9]),
+                               atol=1e-8)
+    for _ in range(200):
+        xi = RNG.normal(size=RNG.integers(2, 9)) * 10.0 ** RNG.integers(-6, 6)
+        if (xi < 0).all() or (xi > 0).all():
+            continue
+        p = influence_distribution(xi)
+        assert (p >= 0).all() and p.sum() == pytest.approx(1.0)
+        assert (p[xi > 0] == 0).all()
+        np.testing.assert_allclose(p[xi < 0], xi[xi < 0] / xi[xi < 0].sum(), rtol=1e-9)
+
+
 def test_shift_mapping_details() -> None:
-    np.testing.assert_allclose(influence_distribution([1.0, 3.0]), [0.25, 0.75])  # = ξ/Σξ
+    np.testing.assert_allclose(influence_distribution([1.0, 3.0], "shift"), [0.25, 0.75])  # = ξ/Σξ
     # mixed signs: shift by the minimum; the smallest gets 0, order kept
-    np.testing.assert_allclose(influence_distribution([-1.0, 1.0, 3.0]), [0.0, 2 / 6, 4 / 6])
-    # all negative: the raw ratio would reverse the order, the shift does not
-    p = influence_distribution([-3.0, -1.0])
+    np.testing.assert_allclose(influence_distribution([-1.0, 1.0, 3.0], "shift"), [0.0, 2 / 6, 4 / 6])
+    # all negative: the shift keeps the order, so it reverses the paper's ratio
+    p = influence_distribution([-3.0, -1.0], "shift")
     np.testing.assert_allclose(p, [0.0, 1.0])
     # continuous as the smallest ξ crosses 0
-    np.testing.assert_allclose(influence_distribution([1e-9, 1.0, 2.0]), influence_distribution([-1e-9, 1.0, 2.0]), atol=1e-8)
+    np.testing.assert_allclose(influence_distribution([1e-9, 1.0, 2.0], "shift"),
+                               influence_distribution([-1e-9, 1.0, 2.0], "shift"), atol=1e-8)
 
 
 def test_rank_and_softmax_details() -> None:
@@ -105,7 +141,7 @@ def test_invalid_inputs() -> None:
     with pytest.raises(ValueError):
         dia_weights([1.0, 2.0], [1.0, 1.0], alpha=0.0)
     with pytest.raises(ValueError):
-        influence_distribution([1.0], "ratio")
+        influence_distribution([1.0], "quotient")
     with pytest.raises(ValueError):
         dia_weights([1.0], [1.0, 2.0])
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -14,9 +16,59 @@ from p2pfl.data import digits
 from p2pfl.data.cache import cached
 
 
-def test_synth_fonts_come_from_the_folders_p2pfl_font_dirs_names(tmp_path, monkeypatch):
+# The synth data this package renders with the pinned Pillow (FreeType inside its wheel) and
+# matplotlib's fonts: the same on every machine, whatever fonts its system has.
+SYNTH_FONT_FINGERPRINT = "91a8e46c90"
+SYNTH_FIRST_40_SHA1 = "f91049caf5ce530f55fbb39503886c4b2db27e1f"
+
+
+def _pinned_renderer() -> bool:
+    import importlib.metadata
+
+    return importlib.metadata.version("pillow") == "13.0.0"
+
+
+def _synth_digest(n: int = 40) -> str:
+    x, y = digits.build_synth(n=n)
+    return hashlib.sha1(x.tobytes() + y.tobytes()).hexdigest()
+
+
+def test_synth_renders_from_the_packages_fonts_only(monkeypatch):
     monkeypatch.delenv(digits.FONT_DIRS_ENV, raising=False)
-    assert digits.font_dirs() == digits.FONT_DIRS
+    import matplotlib
+
+    files = digits._font_files()
+    assert len(files) == len(digits.BUNDLED_FONTS)
+    assert all(f.startswith(matplotlib.get_data_path()) for f in files)
+    assert len(digits._usable_fonts()) == len(digits.BUNDLED_FONTS) + 1  # and Pillow's own
+
+
+@pytest.mark.skipif(not _pinned_renderer(), reason="the golden values belong to the Pillow version pyproject.toml pins")
+def test_synth_fingerprint_and_images_unchanged_when_the_system_has_extra_fonts(tmp_path, monkeypatch):
+    """A machine with more fonts (system-wide, per user, or a fontconfig folder) renders the same
+    synth: the fingerprint and the images are the pinned golden values, before and after."""
+    monkeypatch.delenv(digits.FONT_DIRS_ENV, raising=False)
+    assert digits.font_fingerprint() == SYNTH_FONT_FINGERPRINT
+    assert _synth_digest() == SYNTH_FIRST_40_SHA1
+    extra = tmp_path / "fonts"
+    extra.mkdir()
+    shutil.copy(digits.bundled_font_files()[0], extra / "ExtraSans.ttf")
+    (extra / "fonts.conf").write_text(f"<fontconfig><dir>{extra}</dir></fontconfig>")
+    for var in ("XDG_DATA_HOME", "FONTCONFIG_PATH", "FONTCONFIG_FILE"):  # where font libraries look
+        monkeypatch.setenv(var, str(extra / "fonts.conf" if var == "FONTCONFIG_FILE" else extra))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".fonts").symlink_to(extra)
+    assert digits.font_fingerprint() == SYNTH_FONT_FINGERPRINT
+    assert digits.data_fingerprint(["mnist", "synth"]) == {"synth": digits.cache_name("synth")}
+    assert digits.cache_name("synth").endswith(SYNTH_FONT_FINGERPRINT)
+    assert _synth_digest() == SYNTH_FIRST_40_SHA1
+
+
+def test_p2pfl_font_dirs_adds_the_users_fonts_as_an_opt_in(tmp_path, monkeypatch):
+    monkeypatch.delenv(digits.FONT_DIRS_ENV, raising=False)
+    assert digits.user_font_dirs() == ()
+    bundled = digits._font_files()
+    alone = digits.font_fingerprint()
     a, b = tmp_path / "a", tmp_path / "b"
     (a / "sub").mkdir(parents=True)
     b.mkdir()
@@ -24,13 +76,24 @@ def test_synth_fonts_come_from_the_folders_p2pfl_font_dirs_names(tmp_path, monke
     (b / "Two.otf").write_bytes(b"22")
     (b / "notes.txt").write_bytes(b"not a font")
     monkeypatch.setenv(digits.FONT_DIRS_ENV, f"{a}{os.pathsep}{b}")
-    assert digits._font_files() == sorted([str(a / "sub" / "One.TTF"), str(b / "Two.otf")])
+    assert digits._font_files() == bundled + [str(a / "sub" / "One.TTF"), str(b / "Two.otf")]
     both = digits.font_fingerprint()
     monkeypatch.setenv(digits.FONT_DIRS_ENV, str(a))
-    assert digits._font_files() == [str(a / "sub" / "One.TTF")]
-    assert digits.font_fingerprint() != both  # another font set is other synth data: another cache file
-    assert digits.data_fingerprint(["mnist", "synth"]) == {"synth": digits.cache_name("synth")}
+    assert digits._font_files() == bundled + [str(a / "sub" / "One.TTF")]
+    assert len({alone, both, digits.font_fingerprint()}) == 3  # another font set is other synth data
     assert digits.cache_name("synth").endswith(digits.font_fingerprint())
+
+
+def test_the_fingerprint_hashes_font_bytes_not_paths(tmp_path, monkeypatch):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    (one / "F.ttf").write_bytes(b"same bytes")
+    (two / "F.ttf").write_bytes(b"same bytes")
+    monkeypatch.setenv(digits.FONT_DIRS_ENV, str(one))
+    first = digits.font_fingerprint()
+    monkeypatch.setenv(digits.FONT_DIRS_ENV, str(two))
+    assert digits.font_fingerprint() == first  # another machine's folder, the same fonts
 
 
 def test_cache_lives_in_the_folder_the_env_var_names(data_cache):
