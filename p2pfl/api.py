@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from p2pfl.runtime.run_folder import RunFolder, compare_run, load_artefacts
+from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts
 
 T = TypeVar("T")
 
@@ -118,9 +118,8 @@ class Comparison:
     @classmethod
     def load(cls, folder: str | Path) -> Comparison:
         folder = Path(folder)
-        doc = json.loads((folder / "compare.json").read_text())
-        return cls(folder, {label: tuple(Results.load(compare_run(folder, label, seed)) for seed in doc["seeds"])
-                            for label in doc["rows"]})
+        return cls(folder, {label: tuple(Results.load(run) for run in runs)
+                            for label, runs in compare_row_runs(folder).items()})
 
     def mean_acc(self) -> dict[str, float]:
         """row -> mean over seeds of the run's mean test accuracy."""
@@ -161,14 +160,17 @@ def run(scenario: str | Path | Mapping[str, Any], out: str | Path, overrides: Se
 
 
 def compare(scenario: str | Path, algorithms: str | Sequence[str], seeds: Sequence[int], out: str | Path,
-            overrides: Sequence[str] = (), *, reuse: bool = False, progress: bool = False) -> Comparison:
-    """`p2pfl compare` as a call: `algorithms` as on the command line (`"fedavg,pfedsv[k=3]"`) or a list."""
+            overrides: Sequence[str] = (), *, reuse: bool = False, progress: bool = False,
+            reference: str | None = None) -> Comparison:
+    """`p2pfl compare` as a call: `algorithms` as on the command line (`"fedavg,pfedsv[k=3]"`,
+    `"fedc2i[gamma=1|5]"` to choose on validation) or a list; `reference` as `--reference`."""
     from p2pfl.scenario.compare import parse_algorithms, run_compare
 
     rows = parse_algorithms(algorithms if isinstance(algorithms, str) else ",".join(algorithms))
 
     def work() -> Comparison:
-        run_compare(Path(scenario), rows, list(seeds), Path(out), overrides, reuse=reuse, progress=progress)
+        run_compare(Path(scenario), rows, list(seeds), Path(out), overrides, reuse=reuse, progress=progress,
+                    reference=reference)
         return Comparison.load(out)
 
     return _blocking(work)

@@ -72,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="run several algorithms over several seeds and tabulate")
     cmp_.add_argument("scenario", type=Path)
     cmp_.add_argument("--algorithms", required=True,
-                      help="comma-separated; parameters in brackets: fedavg,fedc2i[gamma=1],fedc2i[variant=-lambda]")
+                      help="comma-separated; parameters in brackets: fedavg,fedc2i[gamma=1],fedc2i[variant=-lambda]; "
+                           "a|b|c sweeps one parameter and keeps, per seed, the value with the best validation "
+                           "accuracy: fedc2i[gamma=0.5|1|2|5|10]")
+    cmp_.add_argument("--reference", default=None,
+                      help="a row label: every other row gets its paired difference over seeds against it")
     cmp_.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     cmp_.add_argument("--out", type=Path, required=True)
     cmp_.add_argument("--reuse", action="store_true", help="take runs whose results.json already exists, and keep "
@@ -238,7 +242,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         return run_compare(args.scenario, parse_algorithms(args.algorithms), seeds, args.out, args.overrides,
-                           reuse=args.reuse, progress=not args.no_progress)
+                           reuse=args.reuse, progress=not args.no_progress, reference=args.reference)
     if args.command == "lan":
         from p2pfl.scenario.launcher import write_lan_configs
 

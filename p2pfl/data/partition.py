@@ -6,7 +6,9 @@ Pipeline (all numpy, on indices; tensors are made at the very end):
 2. move the held-out domain (if any) to a global held-out test split;
 3. assign the remaining samples to nodes: ``iid`` | ``dirichlet`` | ``pathological`` | ``domain``;
 4. cap every node at ``samples_per_node`` (class-stratified subsample);
-5. split every node stratified by class into train / val / test.
+5. split every node stratified by class into train / val / test;
+6. with ``test_samples_per_node``, top each node's test split up to that size with samples
+   of the node's own share that the cap left out (class-stratified; train and val unchanged).
 
 Steps 3-5 use independent random streams spawned from ``seed``, so e.g. changing
 the cap does not change which samples a node was assigned.
@@ -325,7 +327,8 @@ def assign(spec: DataSpec, pool: Pool, num_nodes: int, seed: int) -> dict:
     """
     spec.validate()
     validate_num_nodes(spec, num_nodes)
-    r_assign, r_cap, r_split = (np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(3))
+    # spawn(4)'s first three children are spawn(3)'s: the top-up stream changes no earlier draw
+    r_assign, r_cap, r_split, r_top_up = (np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(4))
     all_ids = np.arange(len(pool.y), dtype=np.int64)
     held = None
     if spec.held_out_domain is not None:
@@ -350,7 +353,19 @@ def assign(spec: DataSpec, pool: Pool, num_nodes: int, seed: int) -> dict:
                                y=pool.y, alpha=skew, min_size=spec.min_size)
     capped = [cap(ids, pool.y, spec.samples_per_node, r_cap) for ids in raw]
     splits = [split_node(ids, pool.y, spec.val_fraction, spec.test_fraction, r_split) for ids in capped]
+    if spec.test_samples_per_node is not None:
+        splits = [(tr, va, top_up_test(te, np.setdiff1d(r, c), pool.y, spec.test_samples_per_node, r_top_up))
+                  for (tr, va, te), r, c in zip(splits, raw, capped)]
     return {"nodes": splits, "raw": raw, "held_out": held, "assigned": assigned}
+
+
+def top_up_test(test: np.ndarray, left_out: np.ndarray, y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``test`` and a class-stratified draw from ``left_out`` (samples of the node's share that no
+    split holds) until ``size`` samples, or every left-out sample where there are fewer."""
+    need = size - len(test)
+    if need <= 0 or len(left_out) == 0:
+        return test
+    return rng.permutation(np.concatenate([test, cap(left_out, y, need, rng)]))
 
 
 def node_ground_truth(spec: DataSpec, pool: Pool, a: dict) -> list[dict]:

@@ -49,6 +49,9 @@ class DataSpec:
     val_fraction: float = 0.15
     test_fraction: float = 0.2
     samples_per_node: int | None = None
+    # At least this many test samples per node: the node's test_fraction share, topped up with
+    # samples of its own share that the samples_per_node cap left out (training data unchanged).
+    test_samples_per_node: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.domains, list):
@@ -86,7 +89,7 @@ class DataSpec:
             elif key in ("min_size", "classes_per_node", "nodes_per_domain"):
                 if not _is_int(value):
                     raise ConfigError(f, f"must be an integer, got {value!r}")
-            elif key == "samples_per_node":
+            elif key in ("samples_per_node", "test_samples_per_node"):
                 if value is not None and not _is_int(value):
                     raise ConfigError(f, f"must be an integer, got {value!r}")
             kw[key] = value
@@ -162,6 +165,12 @@ class DataSpec:
             raise err("test_fraction", "val_fraction + test_fraction must be < 0.95 so that nodes keep training data")
         if self.samples_per_node is not None and (not _is_int(self.samples_per_node) or self.samples_per_node < 1):
             raise err("samples_per_node", f"must be an integer >= 1 (or left out for no cap), got {self.samples_per_node!r}")
+        if self.test_samples_per_node is not None:
+            if not _is_int(self.test_samples_per_node) or self.test_samples_per_node < 1:
+                raise err("test_samples_per_node", f"must be an integer >= 1 (or left out), got {self.test_samples_per_node!r}")
+            if self.samples_per_node is None:
+                raise err("test_samples_per_node", "tops the test split up with the samples the samples_per_node cap "
+                                                   "leaves out: set samples_per_node too")
         return self
 
     # ------------------------------------------------------------------ helpers

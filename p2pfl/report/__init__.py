@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from p2pfl.report.tables import (LevelOutcome, held_out_table, poisoning_table, safeguard_levels,  # noqa: E402
                                  write_compare_tables)
 from p2pfl.core.scoring import overlap_matrix  # noqa: E402
-from p2pfl.runtime.run_folder import RunFolder, load_artefacts, row_slug  # noqa: E402
+from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts  # noqa: E402
 from p2pfl.runtime.timing import PHASES, compute_fraction  # noqa: E402
 
 PHASE_COLOURS = {"train": "#1f77b4", "privacy": "#9467bd", "evaluate": "#2ca02c", "publish": "#ff7f0e",
@@ -416,8 +416,9 @@ def report_compare(folder: Path) -> list[Path]:
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     paths = [_save(fig, out / "accuracy.png")]
-    runs_by_row = {label: [json.loads(p.read_text()) for p in sorted((folder / row_slug(label)).glob("seed*/results.json"))]
-                   for label in labels}
+    runs_by_row = {label: [json.loads(RunFolder(run).results.read_text()) for run in runs
+                           if RunFolder(run).results.is_file()]
+                   for label, runs in compare_row_runs(folder).items()}
     # Communication per algorithm per round (pFedSV Fig. 8), from the per-run results.
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, runs in runs_by_row.items():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2pfl.runtime.run_folder import row_slug
+from p2pfl.runtime.run_folder import RunFolder, compare_row_runs
 from p2pfl.runtime.safeguard import evidence_z, prefer_federated
 
 RELEVANCE_METRICS = ("precision", "recall", "precision_at_k", "spearman")
@@ -38,12 +38,8 @@ SAFEGUARD_LEVELS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 def _row_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     """Row label -> results.json of each seed, in the order compare.json lists the rows."""
-    labels = list(json.loads((folder / "compare.json").read_text())["rows"])
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for label in labels:
-        paths = sorted((folder / row_slug(label)).glob("seed*/results.json"))
-        runs[label] = [json.loads(p.read_text()) for p in paths]
-    return runs
+    return {label: [json.loads(RunFolder(run).results.read_text()) for run in runs if RunFolder(run).results.is_file()]
+            for label, runs in compare_row_runs(folder).items()}
 
 
 def _finite(values: Iterable[Any]) -> list[float]:

@@ -276,6 +276,7 @@ class Node:
             await asyncio.to_thread(self.local_reference.fit, self.data.train)
         clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        val_acc = self._val_acc()
         deployed_trained = self._deploy(test_acc, test_loss)
         clock.switch("publish")
         meta = {"n_train": len(self.data.train), **strategy.shared_meta(ctx)}
@@ -301,6 +302,7 @@ class Node:
             safeguard = await asyncio.to_thread(self._safeguard, before)
         clock.switch("evaluate")
         acc_agg, loss_agg = self.trainer.evaluate(self.model, self.data.test)
+        val_acc_agg = self._val_acc()
         deployed_aggregated = self._deploy(acc_agg, loss_agg)
         time_record = clock.stop()
         record: dict[str, Any] = {
@@ -309,6 +311,10 @@ class Node:
             "test_acc": deployed_trained.acc,
             "test_loss": deployed_trained.loss,
             "test_acc_aggregated": deployed_aggregated.acc,
+            # The federated model on the validation split, after training and after aggregation:
+            # what `p2pfl compare` picks a swept hyperparameter on (never on the test split).
+            "val_acc": val_acc,
+            "val_acc_aggregated": val_acc_agg,
             "train_loss": fit.loss,
             "train_steps": fit.steps,
             **self.counter.round_summary(r),
@@ -334,6 +340,12 @@ class Node:
                       r, self.scenario.rounds, test_acc, acc_agg, len(set(record["arrived"])), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
         return record
+
+    def _val_acc(self) -> float | None:
+        """The model's accuracy on the validation split (None where the node has none)."""
+        if len(self.data.val) == 0:
+            return None
+        return self.trainer.evaluate(self.model, self.data.val)[0]
 
     def _safeguard(self, own: dict[str, torch.Tensor]) -> SafeguardChoice:
         """Keep the mix of the own trained model and the aggregate that scores best on the
@@ -395,12 +407,14 @@ class Node:
         await self.endpoint.sit_out(r)
         clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        val_acc = self._val_acc()
         deployed = self._deploy(test_acc, test_loss)
         scores = self._deployment_record(test_acc, test_acc, deployed, deployed)
         time_record = clock.stop()
         return {
             "round": r, "participated": False, "test_acc": deployed.acc, "test_loss": deployed.loss,
-            "test_acc_aggregated": deployed.acc, "train_loss": None, "train_steps": 0,
+            "test_acc_aggregated": deployed.acc, "val_acc": val_acc, "val_acc_aggregated": val_acc,
+            "train_loss": None, "train_steps": 0,
             **self.counter.round_summary(r), "wall_s": sum(time_record.values()), "started_at": started_at,
             "time": time_record, "epsilon": epsilon_for_json(None if self.privacy is None else self.privacy.epsilon()),
             "asked": 0, "arrived": [], "stale": [], "unanswered": 0, "strategy": {}, **scores,

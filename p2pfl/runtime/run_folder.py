@@ -99,6 +99,20 @@ def compare_run(folder: Path, label: str, seed: int) -> Path:
     return folder / row_slug(label) / f"seed{seed}"
 
 
+def compare_row_runs(folder: Path) -> dict[str, list[Path]]:
+    """Row label -> its run folders, one per seed, in the order compare.json lists the rows; a
+    sweep row's runs are those of the values validation chose (compare.json's `chosen`)."""
+    doc = json.loads((folder / "compare.json").read_text())
+    chosen = doc.get("chosen") or {}
+
+    def runs(label: str) -> list[Path]:
+        if "seeds" not in doc:  # a listing without its seeds: the seed folders the row has
+            return sorted(p.parent for p in (folder / row_slug(label)).glob("seed*/results.json"))
+        return [compare_run(folder, chosen.get(label, {}).get(str(seed), label), seed) for seed in doc["seeds"]]
+
+    return {label: runs(label) for label in doc["rows"]}
+
+
 # ---- artefacts: written by strategies through the node, read by `p2pfl report` ------------
 class ArtefactSink:
     """Per-round outputs of a strategy.

@@ -4,6 +4,12 @@ Cells are mean (std) over seeds of the unweighted mean over nodes (the papers do
 weight by sample count; `weighted_acc` in results.json does). Both evaluation points are
 shown: after local training (`test_acc`, the deployed model) and right after aggregation
 (`test_acc_aggregated`; FedAvg's global model).
+
+A row may sweep one hyperparameter, `fedc2i[gamma=0.5|1|2|5|10]`: every value runs as its own
+row (`fedc2i[gamma=0.5]`, ...), and for each seed the value with the best mean validation
+accuracy over nodes (final round, after training) stands for the row, as the papers choose
+theirs; the test split never chooses. With `reference`, each row gets its paired difference
+over seeds against that row (`p2pfl.core.paired`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from p2pfl.core.paired import LEVEL, MIN_SEEDS, paired_difference
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
 from p2pfl.scenario.results import UNANSWERED_WARN_SHARE, download_health, download_warning
@@ -36,10 +43,17 @@ class Row:
     algorithm: str
     params: Mapping[str, Any] = field(default_factory=dict)
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    # A sweep row (`gamma=0.5|1|2`): the swept key and one row per value, chosen among on validation.
+    sweep_key: str | None = None
+    candidates: tuple[Row, ...] = ()
 
     @property
     def slug(self) -> str:
         return row_slug(self.label)
+
+    def runs(self) -> tuple[Row, ...]:
+        """The rows whose runs this row needs: its candidates, or itself."""
+        return self.candidates or (self,)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -66,17 +80,37 @@ def parse_algorithms(text: str) -> list[Row]:
     replaces that whole table of the scenario: `local[privacy={mode="none"}]` is Local with
     privacy off, whatever `[privacy]` the scenario has.
     """
-    rows = []
-    for token in _split_top_level(text):
-        match = re.fullmatch(r"([A-Za-z0-9_+-]+)(?:\[(.*)\])?", token)
-        if not match:
-            raise ConfigError("--algorithms", f"cannot parse {token!r}; expected name or name[key=value,...]")
-        params, overrides = {}, {}
-        for item in _split_top_level(match.group(2) or ""):
-            path, value = parse_override(item)
-            (overrides if len(path) > 1 or isinstance(value, dict) else params)[".".join(path)] = value
-        rows.append(Row(token, match.group(1), params, overrides))
-    return rows
+    return [_parse_row(token) for token in _split_top_level(text)]
+
+
+def _is_sweep(item: str) -> bool:
+    value = item.split("=", 1)[1].strip() if "=" in item else ""
+    return "|" in value and not value.startswith(("\"", "'", "[", "{"))
+
+
+def _parse_row(token: str) -> Row:
+    match = re.fullmatch(r"([A-Za-z0-9_+-]+)(?:\[(.*)\])?", token)
+    if not match:
+        raise ConfigError("--algorithms", f"cannot parse {token!r}; expected name or name[key=value,...]")
+    name, items = match.group(1), _split_top_level(match.group(2) or "")
+    swept = [i for i, item in enumerate(items) if _is_sweep(item)]
+    if len(swept) > 1:
+        raise ConfigError("--algorithms", f"{token!r} sweeps {len(swept)} keys; a row sweeps one hyperparameter "
+                                          "(write one row per setting of the others)")
+    if swept:
+        key, alternatives = items[swept[0]].split("=", 1)
+        values = [v.strip() for v in alternatives.split("|")]
+        if len(values) < 2 or not all(values) or len(set(values)) != len(values):
+            raise ConfigError("--algorithms", f"{token!r}: a sweep lists two or more distinct values, "
+                                              f"like {key.strip()}=0.5|1|2")
+        candidates = tuple(_parse_row(f"{name}[{','.join(items[:swept[0]] + [f'{key.strip()}={v}'] + items[swept[0] + 1:])}]")
+                           for v in values)
+        return Row(token, name, sweep_key=key.strip(), candidates=candidates)
+    params, overrides = {}, {}
+    for item in items:
+        path, value = parse_override(item)
+        (overrides if len(path) > 1 or isinstance(value, dict) else params)[".".join(path)] = value
+    return Row(token, name, params, overrides)
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -109,6 +143,9 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
             per_round_agg.setdefault(r["round"], []).append(r["test_acc_aggregated"])
     mean_by_round = {r: statistics.fmean(v) for r, v in per_round.items()}
     agg_by_round = {r: statistics.fmean(v) for r, v in per_round_agg.items()}
+    last = [n["rounds"][-1] for n in nodes if n.get("rounds")]
+    val = [r.get("val_acc") for r in last]
+    gaining = [r for r in last if "safeguard_kept_own" in r]
     labels = [n.get("domain") or n["id"] for n in nodes]
     if len(set(labels)) != len(labels):  # several nodes per domain: "3 usps"
         labels = [n["id"].replace("node-", "") + (f" {n['domain']}" if n.get("domain") else "") for n in nodes]
@@ -129,6 +166,16 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
         "wall_s": results["summary"]["wall_s"],
         # From the nodes' rounds, so that runs made before the summary kept it are checked too.
         "unanswered_share": download_health(nodes)["unanswered_share_second_half"],
+        # Mean over nodes of the federated model's validation accuracy after the last round's
+        # training: what a sweep chooses on. None for runs made before nodes recorded it.
+        "val": statistics.fmean(val) if val and None not in val else None,
+        "test_sizes": [n.get("n_test") for n in (results.get("ground_truth") or {}).get("nodes", [])],
+        # With the "local" safeguard: how many nodes deploy the federated model at the end because
+        # their validation split certifies it better than their Local model.
+        "certified": (sum(not r["safeguard_kept_own_trained"] for r in gaining) if gaining else None),
+        "certified_aggregated": (sum(not r["safeguard_kept_own"] for r in gaining) if gaining else None),
+        "nodes": len(nodes),
+        "code_version": results.get("code_version"),
     }
 
 
@@ -174,7 +221,36 @@ def baseline_label(labels: Sequence[str], algorithm: str = "local") -> str | Non
     return candidates[0] if len(candidates) == 1 else None
 
 
-def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None = None) -> str:
+def md_cell(text: str) -> str:
+    """A table cell's text with the pipes of a sweep (`gamma=1|5`) escaped for Markdown."""
+    return text.replace("|", "\\|")
+
+
+def paired_cells(runs: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]], key: str) -> str:
+    """The paired difference of `key` (a run summary's accuracy) against the reference row."""
+    return paired_difference({r["seed"]: r.get(key) for r in runs}, {r["seed"]: r.get(key) for r in reference}).cell()
+
+
+def test_size_note(rows: Mapping[str, list[dict[str, Any]]]) -> str | None:
+    """What one test sample is worth in the per-node columns."""
+    sizes = [n for runs in rows.values() for r in runs for n in (r.get("test_sizes") or []) if n]
+    if not sizes:
+        return None
+    lo, hi = min(sizes), max(sizes)
+    span = f"{lo}" if lo == hi else f"{lo}–{hi}"
+    worth = f"{100 / hi:.2g}" if lo == hi else f"{100 / hi:.2g}–{100 / lo:.2g}"
+    return (f"Per-node test splits hold {span} samples: one test sample is {worth} points of a node's accuracy "
+            f"(the per-node and *worst* columns move in those steps).")
+
+
+def chosen_values(rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[int, str]]:
+    """Sweep row -> seed -> the candidate row validation chose (from the summaries)."""
+    return {label: {r["seed"]: r["chosen"] for r in runs} for label, runs in rows.items()
+            if any(r.get("chosen") for r in runs)}
+
+
+def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None = None,
+                 reference: str | None = None) -> str:
     first = next(iter(rows.values()))[0]
     baseline = baseline or baseline_label(list(rows))
     node_labels = first["node_labels"]
@@ -191,6 +267,12 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
     baseline_name = label_algorithm(baseline or "")
     if show_worst:
         head += [f"worst vs {baseline_name}", f"worst aggregated vs {baseline_name}"]
+    show_certified = any(r.get("certified") is not None for runs in rows.values() for r in runs)
+    if show_certified:
+        head += ["nodes certified gaining", "nodes certified gaining aggregated"]
+    show_paired = reference is not None and reference in rows and len(rows) > 1
+    if show_paired:
+        head += [f"Δ vs {reference}", f"Δ aggregated vs {reference}"]
     # Every run has control messages before round 1 (a few hundred bytes per node); a column that
     # would read 0.0 MiB in every row says nothing, so it appears for an index-sized exchange only.
     show_setup = any(statistics.fmean(r.get("setup_bytes") or 0 for r in runs) >= SETUP_COLUMN_MIN_BYTES
@@ -198,7 +280,7 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
     head += ["MiB sent", *(["of which before round 1"] if show_setup else []), "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, runs in rows.items():
-        cells = [label]
+        cells = [md_cell(label)]
         for i in range(len(node_labels)):
             cells.append(_cell([r["node_acc"][i] for r in runs if i < len(r["node_acc"])]))
         cells += [_cell([r["final"] for r in runs]), _cell([r["best"] for r in runs]),
@@ -210,6 +292,13 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
         if show_worst:
             for protocol in ("node_acc", "node_acc_aggregated"):
                 cells.append("-" if label == baseline else _signed_cell(worst_vs_baseline(runs, rows[baseline], protocol)))
+        if show_certified:
+            for key in ("certified", "certified_aggregated"):
+                counts = [r[key] for r in runs if r.get(key) is not None]
+                cells.append(f"{statistics.fmean(counts):.1f} of {runs[0].get('nodes')}" if counts else "-")
+        if show_paired:
+            for key in ("final", "final_aggregated"):
+                cells.append("-" if label == reference else paired_cells(runs, rows[reference], key))
         cells.append(f"{statistics.fmean(r['total_bytes'] for r in runs) / 2**20:.1f}")
         if show_setup:
             cells.append(f"{statistics.fmean(r.get('setup_bytes') or 0 for r in runs) / 2**20:.1f}")
@@ -226,6 +315,29 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
                     "arrive: the setup exchange (Client2Vec's index) and the start-up announcements (one control "
                     "message from each peer to each node, so they grow with the square of the node count)."
                     if show_setup else ""))
+    if show_certified:
+        lines.append("")
+        lines.append("*Nodes certified gaining*: with `algorithm.safeguard = \"local\"`, how many nodes deploy the "
+                     "federated model after the last round because their validation split shows it better than their "
+                     "Local model (a one-sided sign test at `algorithm.safeguard_level`), mean over seeds.")
+    if show_paired:
+        lines.append("")
+        lines.append(f"*Δ vs {reference}*: the paired difference over seeds of the mean accuracy (this row − "
+                     f"`{reference}`, same seed), in points, with its 95 % t interval and the paired t test's p; "
+                     f"*higher*/*lower* only where p < {LEVEL} over at least {MIN_SEEDS} seeds, else *level*.")
+    note = test_size_note(rows)
+    if note:
+        lines.append("")
+        lines.append(note)
+    for label, picks in chosen_values(rows).items():
+        if label in rows:
+            lines.append("")
+            lines.append(f"`{label}`: chosen per seed on the validation split (mean over nodes, last round, after "
+                         "training): " + ", ".join(f"seed {seed} → `{pick}`" for seed, pick in sorted(picks.items()))
+                         + ".")
+    versions = sorted({str(r.get("code_version")) for runs in rows.values() for r in runs if r.get("code_version")})
+    lines.append("")
+    lines.append("Code version: " + (", ".join(versions) if versions else "not recorded (runs made before it was)") + ".")
     starved = starved_runs(rows)
     if starved:
         lines.append("")
@@ -282,6 +394,37 @@ def _row_scenario(base: Mapping[str, Any], row: Row, seed: int, scenario_path: P
     return scenario_from_dict(raw, source=str(scenario_path))
 
 
+def choose_on_validation(row: Row, candidates: Mapping[str, Sequence[Mapping[str, Any]]]
+                         ) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """A sweep row's runs: per seed, the candidate run with the best mean validation accuracy
+    (ties: the value listed first). Returns those summaries and seed -> chosen candidate label."""
+    by_seed: dict[int, list[tuple[float, int, Mapping[str, Any]]]] = {}
+    for order, candidate in enumerate(row.candidates):
+        for run in candidates[candidate.label]:
+            if run.get("val") is None:
+                raise ConfigError("--algorithms", f"{candidate.label} seed {run.get('seed')} recorded no validation "
+                                                  "accuracy (made before nodes recorded it): run it again to sweep on it")
+            by_seed.setdefault(run["seed"], []).append((run["val"], -order, run))
+    chosen_runs, chosen = [], {}
+    for seed in sorted(by_seed):
+        _, neg_order, run = max(by_seed[seed], key=lambda item: (item[0], item[1]))
+        chosen[seed] = row.candidates[-neg_order].label
+        chosen_runs.append({**run, "chosen": chosen[seed]})
+    return chosen_runs, chosen
+
+
+def sweep_table(row: Row, candidates: Mapping[str, Sequence[Mapping[str, Any]]], chosen: Mapping[int, str]) -> str:
+    """Every value of a sweep: validation (what chooses) and test accuracy, and how often chosen."""
+    lines = [f"Sweep of `{row.sweep_key}` in `{row.label}` (mean (std) over seeds; validation chooses, test reports):", "",
+             "| row | validation % | avg % | avg aggregated % | chosen in seeds |", "|---|---|---|---|---|"]
+    for candidate in row.candidates:
+        runs = candidates[candidate.label]
+        picked = [str(seed) for seed, label in sorted(chosen.items()) if label == candidate.label]
+        lines.append(f"| {md_cell(candidate.label)} | {_cell([r['val'] for r in runs])} | {_cell([r['final'] for r in runs])} | "
+                     f"{_cell([r['final_aggregated'] for r in runs])} | {', '.join(picked) or '-'} |")
+    return "\n".join(lines)
+
+
 def earlier_rows(out: Path, base: Mapping[str, Any], scenario_path: Path, seeds: Sequence[int],
                  asked: Sequence[str]) -> dict[str, list[dict[str, Any]] | None]:
     """The rows out/compare.json lists, in its order: those this call asks for map to None
@@ -298,17 +441,25 @@ def earlier_rows(out: Path, base: Mapping[str, Any], scenario_path: Path, seeds:
             continue
         try:
             (row,) = parse_algorithms(label)
-            runs = [_stored_run(compare_run(out, label, seed), _row_scenario(base, row, seed, scenario_path), label)
-                    for seed in seeds]
+            stored = {candidate.label: [_stored_run(compare_run(out, candidate.label, seed),
+                                                    _row_scenario(base, candidate, seed, scenario_path), label)
+                                        for seed in seeds] for candidate in row.runs()}
         except (ConfigError, ValueError) as exc:
             print(f"compare.md leaves out the earlier row {label!r}: {exc}", file=sys.stderr)
             continue
-        missing = [seed for seed, run in zip(seeds, runs) if run is None]
+        missing = sorted({seed for runs in stored.values() for seed, run in zip(seeds, runs) if run is None})
         if missing:
             print(f"compare.md leaves out the earlier row {label!r}: no run for seed(s) "
                   f"{', '.join(map(str, missing))}", file=sys.stderr)
             continue
-        kept[label] = [summarize_run(run) for run in runs if run is not None]
+        summaries = {candidate: [summarize_run(run) for run in runs if run is not None] for candidate, runs in stored.items()}
+        if row.candidates:
+            try:
+                kept[label] = choose_on_validation(row, summaries)[0]
+            except ConfigError as exc:
+                print(f"compare.md leaves out the earlier row {label!r}: {exc}", file=sys.stderr)
+        else:
+            kept[label] = summaries[label]
     return kept
 
 
@@ -324,45 +475,66 @@ def table_order(asked: Sequence[str], earlier: Sequence[str]) -> list[str]:
 
 
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
-                *, reuse: bool = False, progress: bool = True) -> int:
+                *, reuse: bool = False, progress: bool = True, reference: str | None = None) -> int:
     """Run (or with `reuse`, take) every row over every seed and write compare.json and
-    compare.md. With `reuse` the table also keeps the rows earlier calls put in `out` (see
+    compare.md. A sweep row runs each of its values and stands for the one validation chooses
+    per seed. With `reuse` the table also keeps the rows earlier calls put in `out` (see
     `earlier_rows`): this call's rows in its order, each earlier row back after the row it
-    followed before."""
+    followed before. `reference` names the row every other row's paired difference is taken
+    against."""
     from p2pfl.scenario.launcher import run_loaded
 
     base = apply_overrides(read_raw(scenario_path), overrides)
-    # Validate every row, and every run --reuse would take, before the first run starts.
-    plans = []
+    if reference is not None and reference not in [row.label for row in rows]:
+        earlier_labels = list(json.loads((out / "compare.json").read_text()).get("rows", {})) \
+            if reuse and (out / "compare.json").is_file() else []
+        if reference not in earlier_labels:
+            raise ConfigError("--reference", f"{reference!r} is not one of the rows: "
+                                             + ", ".join([row.label for row in rows] + earlier_labels))
+    # Validate every run, and every run --reuse would take, before the first run starts; a run
+    # two rows need (a sweep's value asked for as a row of its own too) runs once.
+    plans: dict[Path, tuple[Row, int, Scenario, dict[str, Any] | None]] = {}
     for row in rows:
-        for seed in seeds:
-            scenario = _row_scenario(base, row, seed, scenario_path)
-            run_dir = compare_run(out, row.label, seed)
-            stored = _stored_run(run_dir, scenario, row.label) if reuse else None
-            plans.append((row, seed, scenario, run_dir, stored))
+        for candidate in row.runs():
+            for seed in seeds:
+                run_dir = compare_run(out, candidate.label, seed)
+                if run_dir in plans:
+                    continue
+                scenario = _row_scenario(base, candidate, seed, scenario_path)
+                stored = _stored_run(run_dir, scenario, candidate.label) if reuse else None
+                plans[run_dir] = (candidate, seed, scenario, stored)
     earlier = earlier_rows(out, base, scenario_path, seeds, [row.label for row in rows]) if reuse else {}
     out.mkdir(parents=True, exist_ok=True)
-    summaries: dict[str, list[dict[str, Any]]] = {row.label: [] for row in rows}
+    runs: dict[str, list[dict[str, Any]]] = {}
     failures = 0
-    for row, seed, scenario, run_dir, stored in plans:
+    for run_dir, (row, seed, scenario, stored) in plans.items():
         if stored is not None:
             results, code = stored, 0 if not stored["summary"]["nodes_failed"] else 1
         else:
             results, code = run_loaded(scenario, run_dir, progress=progress, quiet=True, force=True)
         failures += code != 0
-        summaries[row.label].append(summarize_run(results))
-        s = summaries[row.label][-1]
+        runs.setdefault(row.label, []).append(summarize_run(results))
+        s = runs[row.label][-1]
         print(f"{row.label} seed {seed}: acc {100 * s['final']:.1f} % (aggregated {100 * s['final_aggregated']:.1f} %), "
               f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
               file=sys.stderr)
         warning = download_warning(download_health(results["nodes"]))
         if warning is not None:
             print(f"{row.label} seed {seed}: {warning}", file=sys.stderr)
+    summaries: dict[str, list[dict[str, Any]]] = {}
+    sweeps = []
+    for row in rows:
+        if row.candidates:
+            summaries[row.label], picks = choose_on_validation(row, runs)
+            sweeps.append(sweep_table(row, runs, picks))
+        else:
+            summaries[row.label] = runs[row.label]
     summaries = {label: summaries[label] if earlier.get(label) is None else earlier[label]
                  for label in table_order(list(summaries), list(earlier))}
-    table = format_table(summaries)
+    table = "\n\n".join([format_table(summaries, reference=reference), *sweeps])
     (out / "compare.json").write_text(json.dumps({"scenario": str(scenario_path), "seeds": seeds,
-                                                  "overrides": list(overrides), "rows": summaries}, indent=1))
+                                                  "overrides": list(overrides), "reference": reference,
+                                                  "chosen": chosen_values(summaries), "rows": summaries}, indent=1))
     (out / "compare.md").write_text(table + "\n")
     print(table)
     return 1 if failures else 0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,27 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
 
 
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """The code a run was made with: the package version and, in a git checkout, the commit
+    (with "+changes" when the working tree differs from it), so that a table names its code."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        made = f"p2pfl-influence {version('p2pfl-influence')}"
+    except PackageNotFoundError:
+        made = "p2pfl-influence (not installed)"
+    source = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "--short=10", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no", "--", "p2pfl"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return made
+    return f"{made} at {commit}" + ("+changes" if changed else "")
+
+
 def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_s: float,
                   ground_truth: Mapping[str, Any]) -> dict[str, Any]:
     nodes = []
@@ -141,6 +164,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "summary": summary,
         "topology": topology_record(scenario),
         "ground_truth": dict(ground_truth),
+        "code_version": code_version(),
     }
     indices = client_indices(nodes, coordinator)
     if indices is not None:

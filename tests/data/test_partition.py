@@ -275,3 +275,51 @@ def test_ground_truth_counts_match_the_tensors(mnist_pool):
         assert entry["train_class_counts"] == torch.bincount(node.train.y, minlength=10).tolist()
         assert (entry["n_train"], entry["n_val"], entry["n_test"]) == (len(node.train), len(node.val), len(node.test))
         assert entry["n_train"] + entry["n_val"] + entry["n_test"] == 80
+
+
+# ---------------------------------------------------------------------------- larger test splits
+@pytest.mark.parametrize("spec", [
+    DataSpec(dataset="mnist", partition="iid", samples_per_node=300),
+    DataSpec(dataset="digits", partition="domain", domains=("mnist", "uci", "usps"), samples_per_node=1500,
+             val_fraction=0.15, test_fraction=0.25),
+], ids=["mnist_iid", "digits_domain"])
+def test_test_samples_per_node_tops_the_test_split_up_and_leaves_training_alone(spec, mnist_pool):
+    from dataclasses import replace
+
+    pool = load_pool(spec)
+    nodes = 3
+    before = assign(spec, pool, nodes, seed=4)
+    after = assign(replace(spec, test_samples_per_node=1000), pool, nodes, seed=4)
+    for i in range(nodes):
+        (tr0, va0, te0), (tr1, va1, te1) = before["nodes"][i], after["nodes"][i]
+        assert np.array_equal(tr0, tr1) and np.array_equal(va0, va1)  # training data unchanged
+        assert set(te0) <= set(te1)  # the old test samples stay, more are added
+        used = set(tr1) | set(va1)
+        assert not used & set(te1) and len(set(te1)) == len(te1)
+        assert set(te1) <= set(before["raw"][i])  # only the node's own share
+        left_out = len(before["raw"][i]) - len(tr0) - len(va0)
+        assert len(te1) == min(1000, left_out)  # 1000, or every sample the node's share has left
+        # stratified: the added samples follow the left-out samples' class mix
+        added = np.setdiff1d(te1, te0)
+        assert label_tv(pool.y[added], pool.y[np.setdiff1d(before["raw"][i], np.concatenate([tr0, va0, te0]))], 10) < 0.05
+    tests = [set(after["nodes"][i][2]) for i in range(nodes)]
+    assert not any(tests[i] & tests[j] for i in range(nodes) for j in range(i + 1, nodes))
+
+
+def test_digits_domain_test_sizes_with_1000_per_node():
+    """uci has 1797 samples, so a 1500-sample uci node can test on 672 at most (375 + the 297 left)."""
+    spec = DataSpec(dataset="digits", partition="domain", domains=("mnist", "uci"), samples_per_node=1500,
+                    val_fraction=0.15, test_fraction=0.25, test_samples_per_node=1000)
+    part = build_partition(spec, 2, seed=0)
+    assert [len(n.train) for n in part.nodes] == [900, 900]
+    assert [meta["n_test"] for meta in part.node_meta] == [1000, 672]
+
+
+def test_test_samples_per_node_needs_the_cap():
+    from p2pfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="samples_per_node") as info:
+        DataSpec.from_dict({"dataset": "mnist", "test_samples_per_node": 1000})
+    assert info.value.field == "data.test_samples_per_node"
+    with pytest.raises(ConfigError):
+        DataSpec.from_dict({"dataset": "mnist", "samples_per_node": 10, "test_samples_per_node": 0})
