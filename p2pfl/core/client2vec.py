@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ORTH_MODES = ("cosine", "raw")
+ORTH_MODES = ("cosine", "raw", "cosine2")
 LOSS_TERMS = ("div", "sim", "orth", "recon")
 
 
@@ -120,11 +120,14 @@ def loss_sim(z: torch.Tensor, label_embedding: torch.Tensor) -> torch.Tensor:
 
 
 def loss_orth(z: torch.Tensor, u: torch.Tensor, mode: str = "cosine") -> torch.Tensor:
-    """L_orth: "raw" = ||Z U^T||_1 (sum of |z_j . u_k|); "cosine" = mean |cos(z_j, u_k)|."""
+    """L_orth: "raw" = ||Z U^T||_1 (sum of |z_j . u_k|); "cosine" = mean |cos(z_j, u_k)|;
+    "cosine2" = mean cos²(z_j, u_k) (ours: smooth at 0, where |cos| has a kink)."""
     if mode == "raw":
         return (z @ u.T).abs().sum()
     if mode == "cosine":
         return (F.normalize(z, dim=1) @ F.normalize(u, dim=1).T).abs().mean()
+    if mode == "cosine2":
+        return (F.normalize(z, dim=1) @ F.normalize(u, dim=1).T).square().mean()
     raise ValueError(f"orth must be one of {ORTH_MODES}, got {mode!r}")
 
 
@@ -426,12 +429,16 @@ def orthogonality_to_indices(z_projected: torch.Tensor, feature_indices: torch.T
     and its gradient does shrink z: at weight 5 it silences the ReLU features of LeNet on
     digits in the first epoch (loss stays at ln 10). "cosine" (default): mean |cos(z_P, beta^f)|,
     which no rescaling of z changes, so only turning z_P away from B^f lowers it - the same
-    reading as DSA-IGN's `orth`."""
+    reading as DSA-IGN's `orth`. "cosine2" (this project's): mean cos²(z_P, beta^f), scale-free
+    like "cosine" but smooth where z_P is orthogonal to B^f: its gradient fades near the optimum
+    instead of pushing with constant force from either side, a milder regulariser at equal μ."""
     unit = F.normalize(feature_indices, dim=0)
     if mode == "raw":
         return (z_projected @ unit).abs().mean()
     if mode == "cosine":
         return (F.normalize(z_projected, dim=1) @ unit).abs().mean()
+    if mode == "cosine2":
+        return (F.normalize(z_projected, dim=1) @ unit).square().mean()
     raise ValueError(f"orth must be one of {ORTH_MODES}, got {mode!r}")
 
 

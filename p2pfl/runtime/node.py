@@ -301,8 +301,13 @@ class Node:
         if self.scenario.algorithm.safeguard == "mix" and refused is None:
             safeguard = await asyncio.to_thread(self._safeguard, before)
         clock.switch("evaluate")
-        acc_agg, loss_agg = self.trainer.evaluate(self.model, self.data.test)
-        val_acc_agg = self._val_acc()
+        if all(torch.equal(v, before[k]) for k, v in self.model.state_dict().items()):
+            # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
+            # no second pass over a test split that may hold a thousand samples.
+            acc_agg, loss_agg, val_acc_agg = test_acc, test_loss, val_acc
+        else:
+            acc_agg, loss_agg = self.trainer.evaluate(self.model, self.data.test)
+            val_acc_agg = self._val_acc()
         deployed_aggregated = self._deploy(acc_agg, loss_agg)
         time_record = clock.stop()
         record: dict[str, Any] = {

@@ -54,6 +54,8 @@ def test_losses_against_explicit_loops() -> None:
     assert float(loss_orth(z, u, "raw")) == pytest.approx(raw, rel=1e-5)
     cosine_mean = sum(abs(cos(z[j], u[k])) for j in range(5) for k in range(5)) / 25
     assert float(loss_orth(z, u, "cosine")) == pytest.approx(cosine_mean, rel=1e-5)
+    square_mean = sum(cos(z[j], u[k]) ** 2 for j in range(5) for k in range(5)) / 25
+    assert float(loss_orth(z, u, "cosine2")) == pytest.approx(square_mean, rel=1e-5)
     assert float(loss_recon(rec, d)) == pytest.approx(float(((rec - d) ** 2).mean()), rel=1e-6)
     with pytest.raises(ValueError, match="orth"):
         loss_orth(z, u, "l2")
@@ -185,6 +187,14 @@ def test_eq4_terms() -> None:
     assert raw == pytest.approx(float((zp @ unit).abs().mean()), rel=1e-6)
     cosines = [abs(cosine(zp[j], bf[:, k])) for j in range(4) for k in range(6)]
     assert float(orthogonality_to_indices(zp, bf)) == pytest.approx(sum(cosines) / len(cosines), rel=1e-6)
+    squares = [c * c for c in cosines]
+    assert float(orthogonality_to_indices(zp, bf, "cosine2")) == pytest.approx(sum(squares) / len(squares), rel=1e-6)
+    assert float(orthogonality_to_indices(0.01 * zp, bf, "cosine2")) == pytest.approx(sum(squares) / len(squares), rel=1e-5)
+    # smooth at the optimum: the gradient of cos² vanishes where z_P is orthogonal to B^f, |cos|'s does not
+    ortho = torch.tensor([[1.0, 0.0, 0.0]], requires_grad=True)
+    basis = torch.tensor([[0.0], [1.0], [0.0]])
+    orthogonality_to_indices(ortho, basis, "cosine2").backward()
+    assert float(ortho.grad.abs().max()) == 0.0
     # Shrinking z lowers the printed form but not the cosine one: only turning z_P away from B^f does.
     assert float(orthogonality_to_indices(0.01 * zp, bf, "raw")) == pytest.approx(0.01 * raw, rel=1e-5)
     assert float(orthogonality_to_indices(0.01 * zp, bf)) == pytest.approx(float(orthogonality_to_indices(zp, bf)), rel=1e-5)

@@ -119,3 +119,27 @@ def test_open_clip_encoders_from_a_checkpoint_on_disk(tmp_path) -> None:
     torch.testing.assert_close(d, encode_images(build_image_encoder(spec, 512, seed=0), _images(4, channels=1)))
     labels = build_label_encoder(spec, 10, 512, seed=0)
     assert labels.table.shape == (10, 512) and torch.isfinite(labels.table).all()
+
+
+def test_pretrained_is_the_default_and_falls_back_with_a_warning(monkeypatch, caplog) -> None:
+    import importlib.util
+    import inspect
+    import logging
+
+    from p2pfl.algorithms.client2vec import Client2Vec
+    from p2pfl.models import encoders
+
+    defaults = inspect.signature(Client2Vec.__init__).parameters
+    assert defaults["image_encoder"].default == defaults["label_encoder"].default == "pretrained"
+    installed = {module: importlib.util.find_spec(module) is not None
+                 for module in ("efficientnet_lite_pytorch", "wordllama")}
+    assert encoders.resolve_pretrained("pretrained", "image") == (
+        "efficientnet_lite0" if installed["efficientnet_lite_pytorch"] else "random_cnn")
+    assert encoders.resolve_pretrained("random_cnn", "image") == "random_cnn"  # an explicit choice is kept
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in installed else real(name, *a))
+    with caplog.at_level(logging.WARNING, logger=encoders.__name__):
+        assert encoders.resolve_pretrained("pretrained", "image") == "random_cnn"
+        assert encoders.resolve_pretrained("pretrained", "label") == "orthonormal"
+    assert "encoders` extra" in caplog.text and "'random_cnn'" in caplog.text
+    assert isinstance(build_image_encoder("pretrained", 64, seed=0), encoders.RandomCNN)

@@ -37,6 +37,9 @@ name = "client2vec"
 [algorithm.params]
 fraction = 0.5
 index_epochs = 3
+# the runtime's mechanics, not the encoders (tests/models/test_encoders.py): the weightless pair keeps it fast
+image_encoder = "random_cnn"
+label_encoder = "orthonormal"
 {extra}
 
 [runtime]

@@ -213,3 +213,55 @@ def test_resume_refuses_a_run_folder_of_another_scenario_naming_the_fields(tmp_p
         existing_run_folder(scenario, tmp_path / "run")
     assert info.value.field == "--resume" and str(info.value).endswith("(rounds)")
     assert json.loads(stored.read_text())["rounds"] == 9
+
+
+def test_a_sweep_row_stands_for_the_value_validation_chooses_never_the_test_split(tmp_path):
+    """Per seed, the value with the best mean validation accuracy is the row; a value that is
+    better on test but worse on validation is not chosen. Runs planted with --reuse, so nothing runs."""
+    import json
+
+    from p2pfl.runtime.run_folder import compare_row_runs
+    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    (row,) = parse_algorithms("fedavg[train.lr=0.01|0.1]")
+    assert row.sweep_key == "train.lr" and [c.label for c in row.candidates] == ["fedavg[train.lr=0.01]",
+                                                                                 "fedavg[train.lr=0.1]"]
+    # seed -> candidate -> (validation, test) accuracy of both nodes' last round
+    planted = {0: {"fedavg[train.lr=0.01]": (0.80, 0.95), "fedavg[train.lr=0.1]": (0.90, 0.70)},
+               1: {"fedavg[train.lr=0.01]": (0.85, 0.60), "fedavg[train.lr=0.1]": (0.75, 0.99)}}
+    for seed, by_label in planted.items():
+        for candidate in row.candidates:
+            val, test = by_label[candidate.label]
+            raw = row_raw(read_raw(path), candidate)
+            raw["seed"] = seed
+            nodes = [{"id": f"node-{i}", "final_test_acc": test, "final_test_acc_aggregated": test,
+                      "rounds": [{"round": 1, "test_acc": test, "test_acc_aggregated": test, "val_acc": val}]}
+                     for i in range(2)]
+            run = compare_run(tmp_path / "cmp", candidate.label, seed)
+            run.mkdir(parents=True)
+            (run / "results.json").write_text(json.dumps({
+                "scenario": scenario_from_dict(raw).to_dict(), "nodes": nodes,
+                "summary": {"mean_acc": test, "mean_acc_aggregated": test, "total_bytes": 0, "wall_s": 1.0,
+                            "nodes_failed": 0}}))
+    assert run_compare(path, [row], [0, 1], tmp_path / "cmp", reuse=True, progress=False) == 0
+    doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert doc["chosen"] == {row.label: {"0": "fedavg[train.lr=0.1]", "1": "fedavg[train.lr=0.01]"}}
+    assert [r["final"] for r in doc["rows"][row.label]] == [0.70, 0.60]  # the test accuracy of the chosen values
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| fedavg[train.lr=0.01\\|0.1] |" in table and "seed 0 → `fedavg[train.lr=0.1]`" in table
+    assert compare_row_runs(tmp_path / "cmp")[row.label] == [  # what Comparison.load and the report read
+        compare_run(tmp_path / "cmp", "fedavg[train.lr=0.1]", 0), compare_run(tmp_path / "cmp", "fedavg[train.lr=0.01]", 1)]
+    with pytest.raises(ConfigError, match="one hyperparameter"):
+        parse_algorithms("fedavg[train.lr=0.01|0.1,train.epochs=1|2]")
+    with pytest.raises(ConfigError, match="distinct"):
+        parse_algorithms("fedavg[train.lr=0.1|0.1]")
+
+
+def test_compare_reference_must_name_a_row(tmp_path):
+    from p2pfl.scenario.compare import parse_algorithms, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    with pytest.raises(ConfigError, match="not one of the rows") as info:
+        run_compare(path, parse_algorithms("fedavg,local"), [0], tmp_path / "cmp", progress=False, reference="fedprox")
+    assert info.value.field == "--reference" and not (tmp_path / "cmp").exists()

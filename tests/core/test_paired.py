@@ -1,0 +1,48 @@
+"""Paired differences over seeds against scipy's paired t test, and the holds/level rule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from p2pfl.core.paired import MIN_SEEDS, paired_difference
+
+
+def test_matches_scipys_paired_t_test_and_its_interval() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(2, 9))
+        a, b = rng.normal(0.9, 0.02, n), rng.normal(0.9, 0.02, n)
+        d = paired_difference(dict(enumerate(a)), dict(enumerate(b)))
+        ref = stats.ttest_rel(a, b)
+        assert d.p_value == pytest.approx(ref.pvalue, rel=1e-9)
+        low, high = ref.confidence_interval(0.95)
+        assert (d.low, d.high) == pytest.approx((low, high), rel=1e-9)
+        assert d.mean == pytest.approx(float(np.mean(a - b)))
+
+
+def test_verdict_needs_significance_over_at_least_five_seeds() -> None:
+    b = {s: 0.90 for s in range(5)}
+    a = {s: 0.92 + 0.001 * s for s in range(5)}  # +2 points every seed, small spread
+    assert paired_difference(a, b).verdict == "higher"
+    assert paired_difference(b, a).verdict == "lower"
+    four = {s: v for s, v in a.items() if s < 4}
+    assert paired_difference(four, b).verdict == "level"  # significant, but under MIN_SEEDS seeds
+    assert MIN_SEEDS == 5
+    noisy = {0: 0.95, 1: 0.86, 2: 0.93, 3: 0.88, 4: 0.94}
+    assert paired_difference(noisy, b).verdict == "level"  # mean +1.2, within the noise
+
+
+def test_pairs_by_seed_and_leaves_out_missing_ones() -> None:
+    a = {0: 0.5, 1: 0.6, 2: None, 7: 0.9}
+    b = {1: 0.5, 0: 0.4, 2: 0.3}
+    d = paired_difference(a, b)
+    assert d.seeds == (0, 1) and d.mean == pytest.approx(0.1)
+    one = paired_difference({0: 0.5}, {0: 0.4})
+    assert one.verdict == "level" and math.isnan(one.p_value) and "n=1" in one.cell()
+    assert paired_difference({}, {0: 0.4}).cell() == "-"
+    same = paired_difference({s: 0.5 for s in range(5)}, {s: 0.4 for s in range(5)})
+    assert same.p_value == 0.0 and same.verdict == "higher" and same.low == same.high == pytest.approx(0.1)
