@@ -11,9 +11,11 @@ r here, on the peers' round-r models; the next fit starts from the aggregate.
 
 Choices this file makes (scenario parameters where they matter):
 
-* `gamma` = 5, the paper's best on its data; γ = 0 is uniform averaging. `gamma = "auto"`
-  lets each node choose γ every round from `gamma_grid` (default {0.5, 1, 2, 5, 10}, the
-  paper's grid), as the paper does on validation data: the leave-one-out losses do not depend
+* `gamma` = 5, the paper's best on its data; γ = 0 is uniform averaging. The paper picks one γ
+  for the run on validation data; `p2pfl compare` does the same with a row
+  `fedc2i[gamma=0.5|1|2|5|10]`. `gamma = "auto"` is this project's extension: each node chooses
+  γ every round from `gamma_grid` (default {0.5, 1, 2, 5, 10}, the paper's grid) on its own
+  validation split. The leave-one-out losses do not depend
   on γ, so they are computed once; each γ's aggregate is built from them and scored on the
   node's validation split (accuracy, then loss; on a tie the earlier γ of the grid), and the
   best is kept. Recorded per round as `gamma`. A node without validation data uses 5.

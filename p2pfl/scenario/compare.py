@@ -231,7 +231,7 @@ def paired_cells(runs: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[
     return paired_difference({r["seed"]: r.get(key) for r in runs}, {r["seed"]: r.get(key) for r in reference}).cell()
 
 
-def test_size_note(rows: Mapping[str, list[dict[str, Any]]]) -> str | None:
+def per_node_test_note(rows: Mapping[str, list[dict[str, Any]]]) -> str | None:
     """What one test sample is worth in the per-node columns."""
     sizes = [n for runs in rows.values() for r in runs for n in (r.get("test_sizes") or []) if n]
     if not sizes:
@@ -325,7 +325,7 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
         lines.append(f"*Δ vs {reference}*: the paired difference over seeds of the mean accuracy (this row − "
                      f"`{reference}`, same seed), in points, with its 95 % t interval and the paired t test's p; "
                      f"*higher*/*lower* only where p < {LEVEL} over at least {MIN_SEEDS} seeds, else *level*.")
-    note = test_size_note(rows)
+    note = per_node_test_note(rows)
     if note:
         lines.append("")
         lines.append(note)

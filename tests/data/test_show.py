@@ -44,10 +44,15 @@ def test_data_show_prints_the_partition_table_and_writes_a_png(tmp_path, capsys)
     rows = [ln.split() for ln in lines[3 : 3 + nodes]]
     assert [r[0] for r in rows] == [str(i) for i in range(nodes)]
     assert [r[1] for r in rows] == data["domains"]
-    for r in rows:  # every node: its split sizes, all ten digits, ten class counts summing to n_train
-        assert r[2:6] == [str(n_train), str(n_val), str(n_test), "0-9"]
+    # the test split is topped up from the domain's samples the cap left out (data.test_samples_per_node)
+    from p2pfl.data import DOMAIN_SIZES
+
+    tests = [max(n_test, min(data.get("test_samples_per_node") or 0, DOMAIN_SIZES[d] - n_train - n_val))
+             for d in data["domains"]]
+    for r, t in zip(rows, tests):  # every node: its split sizes, all ten digits, ten class counts summing to n_train
+        assert r[2:6] == [str(n_train), str(n_val), str(t), "0-9"]
         assert len(r) == 16 and sum(int(c) for c in r[6:16]) == n_train
-    assert f"total: train={nodes * n_train} val={nodes * n_val} test={nodes * n_test}" in out
+    assert f"total: train={nodes * n_train} val={nodes * n_val} test={sum(tests)}" in out
     assert f"picture: {png}" in out
     _png_ok(png)
 
