@@ -114,7 +114,7 @@ def _parse_row(token: str) -> Row:
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    values = [v for v in values if v is not None]
+    values = [v for v in values if v is not None and v == v]  # a failed run's NaN is no measurement
     if not values:
         return float("nan"), float("nan")
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
@@ -368,13 +368,19 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
 
 
 def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any] | None:
-    """The results.json `--reuse` takes for one run, or None where there is none; a run of
-    another scenario, or made on other data, is refused (ConfigError on `--reuse`)."""
+    """The results.json `--reuse` takes for one run, or None where there is none or where a node
+    of it failed (a run cut short runs again); a run of another scenario, or made on other data,
+    is refused (ConfigError on `--reuse`)."""
     from p2pfl.scenario.launcher import scenario_data_fingerprint
 
     if not RunFolder(run_dir).results.is_file():
         return None
     stored = json.loads(RunFolder(run_dir).results.read_text())
+    failed = (stored.get("summary") or {}).get("nodes_failed")
+    if failed:
+        print(f"{label}: {run_dir} has failed nodes ({', '.join(failed[:3])}{', …' if len(failed) > 3 else ''}); "
+              "running it again", file=sys.stderr)
+        return None
     differ = scenario_differences(stored.get("scenario") or {}, scenario)
     if differ:
         raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {label!r} "

@@ -48,13 +48,41 @@ def _state(port: int) -> dict:
         return json.loads(resp.read())
 
 
+class _StandaloneDashboard:
+    """`p2pfl dashboard` over a run folder on a thread of its own, so the page stays up while a
+    browser loads it however soon the run itself ends (the launcher's dashboard stops with it)."""
+
+    def __init__(self, run_dir: Path, port: int) -> None:
+        import asyncio
+
+        from p2pfl.report.dashboard import start_dashboard
+
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        started = threading.Event()
+
+        async def serve() -> None:
+            runner = await start_dashboard(run_dir, port=port)
+            started.set()
+            await self._stop.wait()
+            await runner.cleanup()
+
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(serve(),), daemon=True)
+        self._thread.start()
+        assert started.wait(30), "the standalone dashboard did not start"
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (Debian package `chromium`)")
 def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -> None:
     from p2pfl.scenario.launcher import run_scenario
     from tests.runtime.helpers import write_tiny
 
-    port = free_ports(1, "127.0.0.1")[0]
+    port, page_port = free_ports(2, "127.0.0.1")
     scenario = write_tiny(tmp_path, nodes=3, rounds=8, samples=80)
     outcome: dict = {}
     runner = threading.Thread(target=lambda: outcome.update(code=run_scenario(
@@ -70,13 +98,20 @@ def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -
         except OSError:
             pass
         time.sleep(0.2)
-    assert state.get("ready") and not state["done"], "the dashboard never showed a running round"
-    browse = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
-              "--window-size=1300,1000"]
-    dom = subprocess.run([*browse, "--dump-dom", f"http://127.0.0.1:{port}/"], capture_output=True, text=True,
-                         timeout=90).stdout
-    shot = tmp_path / "dashboard.png"
-    subprocess.run([*browse, f"--screenshot={shot}", f"http://127.0.0.1:{port}/"], capture_output=True, timeout=90)
+    assert state.get("ready") and not state["done"], "the launcher's dashboard never showed a running round"
+    # Chromium takes seconds to start, and a tiny run may end meanwhile, closing the launcher's
+    # dashboard: the browser loads the same page from a server that outlives the run.
+    page = _StandaloneDashboard(tmp_path / "run", page_port)
+    try:
+        browse = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
+                  "--window-size=1300,1000"]
+        dom = subprocess.run([*browse, "--dump-dom", f"http://127.0.0.1:{page_port}/"], capture_output=True,
+                             text=True, timeout=90).stdout
+        shot = tmp_path / "dashboard.png"
+        subprocess.run([*browse, f"--screenshot={shot}", f"http://127.0.0.1:{page_port}/"], capture_output=True,
+                       timeout=90)
+    finally:
+        page.close()
     runner.join(timeout=180)
     assert outcome.get("code") == 0
     for nid in ("node-0", "node-1", "node-2"):

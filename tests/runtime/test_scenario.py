@@ -115,6 +115,30 @@ def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_
     assert not compare_run(tmp_path / "cmp", rows[0].label, 4).exists()
 
 
+def test_compare_reuse_runs_a_failed_run_again(tmp_path, capsys):
+    """A run whose nodes failed (a machine that ran out of memory, a run cut short) is no result:
+    --reuse runs it again instead of averaging its NaN into the table."""
+    import json
+
+    from p2pfl.scenario.compare import _cell, compare_run, parse_algorithms, row_raw, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    rows = parse_algorithms("fedavg")
+    raw = row_raw(read_raw(path), rows[0])
+    raw["seed"] = 0
+    run = compare_run(tmp_path / "cmp", rows[0].label, 0)
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({
+        "scenario": scenario_from_dict(raw).to_dict(), "nodes": [],
+        "summary": {"mean_acc": float("nan"), "mean_acc_aggregated": float("nan"), "total_bytes": 0, "wall_s": 1.0,
+                    "nodes_failed": ["node-0", "node-1"]}}))
+    assert run_compare(path, rows, [0], tmp_path / "cmp", reuse=True, progress=False) == 0
+    assert "has failed nodes (node-0, node-1); running it again" in capsys.readouterr().err
+    summary = json.loads((run / "results.json").read_text())["summary"]
+    assert summary["nodes_failed"] == [] and summary["mean_acc"] == summary["mean_acc"]
+    assert _cell([0.5, float("nan"), 0.7]) == "60.0 (10.0)"  # a failed seed in a table made by hand
+
+
 def test_compare_reuse_gathers_a_folders_rows_over_several_calls(tmp_path, capsys):
     """A row added later with --reuse joins the table after the folder's earlier rows; an earlier
     row whose runs no longer match the scenario, or lack a seed, is left out, saying why."""
