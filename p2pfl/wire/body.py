@@ -203,6 +203,11 @@ def decode_body(buf: memoryview, limits: WireLimits) -> tuple[dict[str, np.ndarr
             )
         if len(shape) > limits.max_ndim:
             raise MalformedMessage(f"tensor {quote(name)} has {len(shape)} dims, limit is {limits.max_ndim}")
+        # A 0 among the dims makes the size 0 whatever the others are, but numpy still refuses a
+        # shape whose other dims multiply past its index range: the shape is checked as a whole.
+        if math.prod(d for d in shape if d) > limits.max_message_bytes:
+            raise MalformedMessage(f"tensor {quote(name)} shape {quote(shape)} multiplies past the "
+                                   f"{limits.max_message_bytes}-byte message limit (its zero dims aside)")
 
     for entry in entries:
         if entry["dtype"] not in DTYPES:

@@ -203,6 +203,11 @@ def _authenticate(view: memoryview, header: Header, signed_len: int, roster: Ros
     if header.sender not in roster:
         raise UnknownSender(f"sender {quote(header.sender)} is not in the roster")
     roster.verify(header.sender, bytes(view[signed_len : signed_len + SIGNATURE_BYTES]), view[:signed_len])
+    # The padding to the body is outside the signature: only zeros are accepted, so a relay
+    # cannot make one signed frame into many different byte strings.
+    pad = view[signed_len + SIGNATURE_BYTES : body_offset(signed_len - PREFIX_BYTES)]
+    if any(pad.tobytes()):
+        raise MalformedMessage("padding between the signature and the body is not all zero")
 
 
 def peek_header(data: bytes | bytearray | memoryview, limits: WireLimits = _DEFAULT_LIMITS) -> Header:
