@@ -17,6 +17,7 @@ Waits, each named in `[runtime]`: `first_submission_wait_s` for the first node o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import traceback
@@ -31,6 +32,7 @@ from p2pfl.models import build_model, load_part, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint
 from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
@@ -41,6 +43,19 @@ from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
 from p2pfl.wire import Message, NodeKey, Roster, WireLimits
 
+
+
+def weighed_as_capped(submissions: list[Submission], max_weight_ratio: float) -> list[Submission]:
+    """The round's submissions with each `n_train` capped at `max_weight_ratio` times the round's
+    median (`p2pfl.runtime.peer_claims`): one node's claim cannot make it the global model."""
+    sized = [i for i, sub in enumerate(submissions) if "n_train" in sub.meta]
+    capped = capped_sizes([int(submissions[i].meta["n_train"]) for i in sized], max_weight_ratio)
+    out = list(submissions)
+    for i, n in zip(sized, capped):
+        if n != submissions[i].meta["n_train"]:
+            out[i] = dataclasses.replace(submissions[i], meta={**submissions[i].meta, "n_train": n,
+                                                               "n_train_claimed": submissions[i].meta["n_train"]})
+    return out
 
 class Coordinator:
     def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False) -> None:
@@ -63,6 +78,7 @@ class Coordinator:
         self.expected: set[str] = set(config.peers)
         self.counter = ByteCounter()
         self.submissions: dict[int, dict[str, Submission]] = {}
+        self.declared_sizes = DeclaredSizes()
         self.arrived = asyncio.Event()
         self.round = 0
         self.setup_done = self.half.setup_kind is None
@@ -106,9 +122,13 @@ class Coordinator:
             raise ValueError(f"round {h.round} is already aggregated (coordinator is at round {self.round})")
         elif h.round > self.scenario.rounds:
             raise ValueError(f"round {h.round} is beyond the scenario's {self.scenario.rounds} rounds")
+        elif h.round != self.round + 1:  # a node learns round r's model only after the coordinator moved to r
+            raise ValueError(f"round {h.round} has not started (the coordinator collects round {self.round + 1})")
         per_round = self.submissions.setdefault(h.round, {})
         if h.sender in per_round:
             raise ValueError(f"{h.sender} already submitted round {h.round}")
+        if "n_train" in h.meta:
+            self.declared_sizes.check(h.sender, int(h.meta["n_train"]))
         per_round[h.sender] = Submission(h.sender, to_device(message.torch_tensors(), self.device), dict(h.meta))
         self.arrived.set()
 
@@ -170,7 +190,7 @@ class Coordinator:
                     self.log.warning("round %d: no statistics from %s; aggregating without them", r, sorted(missing))
                 # A node that missed a round, or said goodbye meanwhile, is not waited for again.
                 self.expected = set(got) - set(self.endpoint.departed)
-                subs = [got[k] for k in sorted(got)]
+                subs = weighed_as_capped([got[k] for k in sorted(got)], sc.runtime.max_weight_ratio)
                 reply = await asyncio.to_thread(self.half.aggregate, r, subs)
                 held_acc = None
                 if reply.model is not None:

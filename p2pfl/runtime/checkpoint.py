@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -29,12 +30,24 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: corrupt, foreign, or from another scenario. Nothing was loaded."""
 
 
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN and ±Inf float as None: a round whose model trained to NaN is
+    recorded, and the checkpoint (strict JSON) is still written."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeKey, node_id: str, round_: int,
                     extra: Mapping[str, Any] | None = None) -> str:
     """Write the state signed by `node_id`; returns the SHA-256 of the frame (to compare checkpoints)."""
     tensors: dict[str, Any] = {k: v.detach().to("cpu") for k, v in state.items()}
     if extra is not None:
-        document = json.dumps({"format": FORMAT, **extra}, allow_nan=False).encode()
+        document = json.dumps(finite_json({"format": FORMAT, **extra}), allow_nan=False).encode()
         tensors[STATE_TENSOR] = np.frombuffer(document, dtype=np.uint8)
     frame = encode(key=key, kind="checkpoint", sender=node_id, recipient=node_id, round=round_, version=round_,
                    seq=round_, part="full", meta={}, tensors=tensors)

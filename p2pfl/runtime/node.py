@@ -35,6 +35,7 @@ from p2pfl.runtime.checkpoint import (
 )
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
+from p2pfl.runtime.peer_claims import ClaimRefused, DeclaredSizes, capped_size, check_magnitude
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.safeguard import (DEFAULT_LEVEL, LocalReference, SafeguardChoice, disagreements, evidence_z, mix,
@@ -137,6 +138,8 @@ class Node:
         # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
         self.participation_rng = np.random.default_rng([parts.seed, 0x5EA7])
         self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
+        self.declared_sizes = DeclaredSizes()
+        self.refused: dict[str, str] = {}  # peer -> why its part was refused this round
         self.checkpoint_path = self.folder.checkpoint(config.id)
 
     # ---- endpoint callbacks ---------------------------------------------------------------
@@ -162,15 +165,30 @@ class Node:
             raise PushRefused(f"{h.sender}/{h.part} was not asked for (this node is in round {self.round})")
         if not self.round - 1 <= h.version <= self.round + 1:
             raise PushRefused(f"version {h.version} of {h.sender}/{h.part} is not within one round of {self.round}")
-        waiting.set_result(self._peer_model(message))
+        try:
+            waiting.set_result(self._peer_model(message))
+        except ClaimRefused as exc:
+            self.refused[h.sender] = str(exc)
+            raise
 
     def _peer_model(self, message: Message) -> PeerModel:
-        """A verified message as a strategy sees it: every tensor already on this node's device."""
+        """A verified message as a strategy sees it: every tensor already on this node's device,
+        its claims bounded (`p2pfl.runtime.peer_claims`; ClaimRefused when over a bound)."""
         h = message.header
         tensors = message.torch_tensors()
+        meta = dict(h.meta)
+        runtime = self.scenario.runtime
+        if h.sender != COORDINATOR_ID and "n_train" in meta:
+            self.declared_sizes.check(h.sender, int(meta["n_train"]))
+            meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), runtime.max_weight_ratio)
         if h.part not in self.extra:  # the strategy's extra parts travel at full precision
             tensors = dequantize(tensors, self.specs[h.part], self.precision)
-        return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), dict(h.meta))
+            check_magnitude(h.sender, h.part, tensors, part_state(self.model, h.part), runtime.max_norm_ratio)
+        return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
+
+    def _refuse(self, sender: str, exc: ClaimRefused) -> None:
+        self.refused[sender] = str(exc)
+        self.endpoint.rejections.add(sender, exc.status, exc.reason, str(exc))
 
     def _on_departed(self, peer: str, reason: str) -> None:
         self.ctx.unreachable.add(peer)
@@ -212,7 +230,11 @@ class Node:
                 return None
             if message.header.version < round_ and not self.scenario.runtime.accept_stale:
                 return None
-            return self._peer_model(message)
+            try:
+                return self._peer_model(message)
+            except ClaimRefused as exc:
+                self._refuse(fetch.peer, exc)
+                return None
 
         async def folded(fetch: Fetch) -> PeerModel | None:
             arrival = await one(fetch)
@@ -291,8 +313,9 @@ class Node:
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
         fetches = strategy.configure_fetch(ctx)
+        self.refused = {}
         arrived = await self.gather(fetches, r)
-        unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived})
+        unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived} - set(self.refused))
         clock.switch("aggregate")
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
@@ -335,6 +358,8 @@ class Node:
             "unanswered": len(unanswered),
             "strategy": dict(self.artefacts.records),
         }
+        if self.refused:  # parts whose claims were over a bound (p2pfl.runtime.peer_claims)
+            record["peers_refused"] = dict(self.refused)
         if refused is not None:
             record["aggregate_refused"] = refused
         if safeguard is not None:
@@ -521,6 +546,7 @@ class Node:
             "setup": self.setup_record,
             "privacy": None if self.privacy is None else self.privacy.state_dict(),
             "rng": rng,
+            "declared_sizes": dict(self.declared_sizes.pinned),
         }
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
@@ -578,6 +604,7 @@ class Node:
         self.trainer.generator.set_state(rng_state_from_hex(doc["rng"]["trainer"]))
         self.ctx.rng.bit_generator.state = doc["rng"]["ctx"]
         self.participation_rng.bit_generator.state = doc["rng"]["participation"]
+        self.declared_sizes = DeclaredSizes(doc.get("declared_sizes"))  # checkpoints made before it carry none
         torch.set_rng_state(rng_state_from_hex(doc["rng"]["torch"]))
         if doc["rng"]["cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng_state_from_hex(doc["rng"]["cuda"]), self.device)

@@ -56,6 +56,26 @@ def download_warning(health: Mapping[str, Any]) -> str | None:
             "fewer peers than the scenario says, so do not compare this run with one where they answered")
 
 
+def refused_peers(nodes: list[Mapping[str, Any]]) -> dict[str, int]:
+    """Per peer, in how many node-rounds its part was refused for a claim over a bound
+    (`peers_refused` in the round records, `p2pfl.runtime.peer_claims`)."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        for r in n.get("rounds", []):
+            for peer in r.get("peers_refused") or {}:
+                counts[peer] = counts.get(peer, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def refusal_warning(refused: Mapping[str, int]) -> str | None:
+    """A line naming the peers whose parts were refused, or None."""
+    if not refused:
+        return None
+    listed = ", ".join(f"{peer} ({count} node-rounds)" for peer, count in refused.items())
+    return (f"warning: parts refused for claims over runtime.max_weight_ratio / max_norm_ratio: {listed}; "
+            "the round records' `peers_refused` say why")
+
+
 # What two runs of one seed must agree on, per node and round. Bytes and times are left out: a
 # peer's reads land in whichever of its rounds they arrive, and wall time is never the same.
 SAME_RUN_KEYS = ("participated", "test_acc", "test_acc_aggregated", "train_loss", "asked", "arrived", "stale")
@@ -150,6 +170,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         # By each node's own status: a worker's exit code covers all its nodes, good or bad.
         "nodes_failed": [n["id"] for n in nodes if n.get("status") in ENDED_BADLY],
         "downloads": download_health(nodes),
+        "peers_refused": refused_peers(nodes),
     }
     if coordinator is not None and coordinator.get("rounds"):
         held = [r.get("held_out_acc") for r in coordinator["rounds"] if r.get("held_out_acc") is not None]
@@ -238,9 +259,9 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")
     if s.get("nodes_failed"):
         lines.append(f"nodes that failed or ended isolated: {', '.join(s['nodes_failed'])}")
-    warning = download_warning(s["downloads"])
-    if warning is not None:
-        lines.append(warning)
+    for warning in (download_warning(s["downloads"]), refusal_warning(s.get("peers_refused") or {})):
+        if warning is not None:
+            lines.append(warning)
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
+from p2pfl.runtime.peer_claims import DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO
 from p2pfl.runtime.precision import WIRE_PRECISIONS
 from p2pfl.runtime.safeguard import KINDS as SAFEGUARD_KINDS
 from p2pfl.runtime.topology import Topology
@@ -129,6 +130,11 @@ class RuntimeSpec:
     wire_precision: str = "float32"   # shared parameters on the wire: float32 | float16 | int8 (per-tensor scale)
     held_mb: float = 32.0             # a node serves its published versions that fit here (the latest always), so a
                                       # peer that ran ahead still serves the round asked for: runs reproducible
+    # A peer's claims (p2pfl.runtime.peer_claims): its n_train counts at most this many times the
+    # node's own (the coordinator: the round's median), and a part over this many times the norm
+    # of the node's own part is refused.
+    max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
+    max_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
@@ -148,9 +154,19 @@ class RuntimeSpec:
             raise ConfigError("runtime.start_wait_s", f"must be >= 0, got {self.start_wait_s}")
         if self.torch_threads < 1:
             raise ConfigError("runtime.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        for name in ("max_weight_ratio", "max_norm_ratio"):
+            if not getattr(self, name) >= 1:
+                raise ConfigError(f"runtime.{name}", f"must be >= 1 (a bound on a peer's claim relative to this "
+                                                     f"node's own), got {getattr(self, name)}")
         if self.wire_precision not in WIRE_PRECISIONS:
             raise ConfigError("runtime.wire_precision",
                               f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")
+
+
+# Runtime fields added after runs were published: at these values they leave a scenario's
+# resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
+RUNTIME_ADDED_DEFAULTS: dict[str, Any] = {"max_weight_ratio": DEFAULT_MAX_WEIGHT_RATIO,
+                                          "max_norm_ratio": DEFAULT_MAX_NORM_RATIO}
 
 
 @dataclass(frozen=True)
@@ -176,6 +192,9 @@ class Scenario:
         }
         for key in ("data", "model", "train", "runtime", "privacy"):
             out[key] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(getattr(self, key)).items()}
+        for key, default in RUNTIME_ADDED_DEFAULTS.items():  # absent at their defaults: old run folders still match
+            if out["runtime"][key] == default:
+                del out["runtime"][key]
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
         if self.algorithm.safeguard is not None:  # absent when off: old run folders still match
             out["algorithm"]["safeguard"] = True if self.algorithm.safeguard == "mix" else self.algorithm.safeguard

@@ -1,0 +1,82 @@
+"""What a node takes of a roster peer's claims before any strategy sees its part.
+
+A signature proves who sent a part, not that its numbers are honest. Two claims decide how much
+a part can move an aggregate, and both are bounded here, for every strategy alike:
+
+* **`n_train`** weighs a peer in every size-weighted average (FedAvg, FedC2I's prior, the
+  coordinator's ω). It is pinned at the first value a peer sends: a node's training split never
+  changes during a run, so a later different value is refused. And it counts at most
+  `max_weight_ratio` times a reference size: the node's own `n_train` on a node, the median of
+  the round's submissions on the coordinator. A peer claiming 10⁹ samples otherwise takes
+  0.99999996 of the average; capped at 4x, it weighs as four honest peers of the reference size
+  at most, while honest splits within 4x of each other (every partition this project ships) are
+  untouched.
+* **Magnitude**: a part whose L2 norm exceeds `max_norm_ratio` times the node's own part's norm
+  (own norms under 1 count as 1, so a fresh zero-initialised part is no trap) is refused. Finite
+  values of 1e37 pass the wire's NaN check, get averaged in, and the next round trains to NaN; no
+  honest peer's model is a thousand times larger than one's own.
+
+A refusal raises `ClaimRefused` (a 422 for a pushed part); the node records the peer and reason
+in the round's record and goes on without that part.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+import torch
+
+DEFAULT_MAX_WEIGHT_RATIO = 4.0
+DEFAULT_MAX_NORM_RATIO = 1000.0
+
+
+class ClaimRefused(ValueError):
+    status = 422
+    reason = "claim_refused"
+
+
+def part_norm(tensors: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm over every floating tensor, in float64 (float32 squares overflow past 1.8e19)."""
+    total = 0.0
+    for t in tensors.values():
+        if t.is_floating_point() and t.numel():
+            total += float(torch.linalg.vector_norm(t.detach().to(torch.float64)) ** 2)
+    return math.sqrt(total)
+
+
+def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
+                    max_norm_ratio: float) -> None:
+    """Refuse `sender`'s `part` when its norm is over `max_norm_ratio` times the own part's (at least 1)."""
+    bound = max_norm_ratio * max(part_norm(own), 1.0)
+    norm = part_norm(tensors)
+    if not norm <= bound:
+        raise ClaimRefused(f"{sender}/{part} has norm {norm:.3g}, over {max_norm_ratio:g} times this node's own "
+                           f"({bound / max_norm_ratio:.3g}, bound {bound:.3g})")
+
+
+class DeclaredSizes:
+    """Each peer's `n_train`, pinned at the first value it sends."""
+
+    def __init__(self, pinned: Mapping[str, int] | None = None) -> None:
+        self.pinned: dict[str, int] = dict(pinned or {})
+
+    def check(self, sender: str, n_train: int) -> None:
+        first = self.pinned.setdefault(sender, n_train)
+        if first != n_train:
+            raise ClaimRefused(f"{sender} now claims n_train = {n_train}, it declared {first}: a node's training "
+                               "split does not change during a run")
+
+
+def capped_size(n_train: int, reference: float, max_weight_ratio: float) -> int:
+    """`n_train` counted at most `max_weight_ratio` times `reference` (and at least 1)."""
+    return max(1, min(int(n_train), int(max_weight_ratio * reference)))
+
+
+def capped_sizes(sizes: Sequence[int], max_weight_ratio: float) -> list[int]:
+    """Each size capped at `max_weight_ratio` times the median: what the coordinator weighs by."""
+    if not sizes:
+        return []
+    reference = statistics.median(sizes)
+    return [capped_size(n, reference, max_weight_ratio) for n in sizes]
