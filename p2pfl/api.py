@@ -160,17 +160,18 @@ def run(scenario: str | Path | Mapping[str, Any], out: str | Path, overrides: Se
 
 
 def compare(scenario: str | Path, algorithms: str | Sequence[str], seeds: Sequence[int], out: str | Path,
-            overrides: Sequence[str] = (), *, reuse: bool = False, progress: bool = False,
+            overrides: Sequence[str] = (), *, reuse: bool = False, force: bool = False, progress: bool = False,
             reference: str | None = None) -> Comparison:
     """`p2pfl compare` as a call: `algorithms` as on the command line (`"fedavg,pfedsv[k=3]"`,
-    `"fedc2i[gamma=1|5]"` to choose on validation) or a list; `reference` as `--reference`."""
+    `"fedc2i[gamma=1|5]"` to choose on validation) or a list; `reference` as `--reference`;
+    a folder holding runs needs `reuse` (take them) or `force` (run them again)."""
     from p2pfl.scenario.compare import parse_algorithms, run_compare
 
     rows = parse_algorithms(algorithms if isinstance(algorithms, str) else ",".join(algorithms))
 
     def work() -> Comparison:
-        run_compare(Path(scenario), rows, list(seeds), Path(out), overrides, reuse=reuse, progress=progress,
-                    reference=reference)
+        run_compare(Path(scenario), rows, list(seeds), Path(out), overrides, reuse=reuse, force=force,
+                    progress=progress, reference=reference)
         return Comparison.load(out)
 
     return _blocking(work)

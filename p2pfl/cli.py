@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--out", type=Path, required=True)
     cmp_.add_argument("--reuse", action="store_true", help="take runs whose results.json already exists, and keep "
                                                                "the rows the --out folder already tabulates")
+    cmp_.add_argument("--force", action="store_true", help="run every row again in an --out folder that holds runs, "
+                                                               "replacing them")
     cmp_.add_argument("--no-progress", action="store_true")
     _add_set(cmp_)
     _add_log_level(cmp_)
@@ -242,7 +244,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         return run_compare(args.scenario, parse_algorithms(args.algorithms), seeds, args.out, args.overrides,
-                           reuse=args.reuse, progress=not args.no_progress, reference=args.reference)
+                           reuse=args.reuse, force=args.force, progress=not args.no_progress,
+                           reference=args.reference)
     if args.command == "lan":
         from p2pfl.scenario.launcher import write_lan_configs
 

@@ -482,16 +482,34 @@ def table_order(asked: Sequence[str], earlier: Sequence[str]) -> list[str]:
     return order
 
 
+def check_out_folder(out: Path, *, reuse: bool, force: bool) -> None:
+    """ConfigError on `--out` where it names a file, or a folder holding runs while neither
+    `--reuse` nor `--force` says what to do with them."""
+    if reuse and force:
+        raise ConfigError("--force", "--force runs again what --reuse would take; pass one of them")
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file; name a folder for the comparison")
+    if reuse or force or not out.is_dir():
+        return
+    held = next(out.glob("*/*/results.json"), None) or (out / "compare.json" if (out / "compare.json").is_file() else None)
+    if held is not None:
+        raise ConfigError("--out", f"{out} holds runs of an earlier comparison ({held}); pass --reuse to take them "
+                                   "and run only what is missing, or --force to run everything again, replacing them")
+
+
 def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
-                *, reuse: bool = False, progress: bool = True, reference: str | None = None) -> int:
+                *, reuse: bool = False, force: bool = False, progress: bool = True,
+                reference: str | None = None) -> int:
     """Run (or with `reuse`, take) every row over every seed and write compare.json and
     compare.md. A sweep row runs each of its values and stands for the one validation chooses
     per seed. With `reuse` the table also keeps the rows earlier calls put in `out` (see
     `earlier_rows`): this call's rows in its order, each earlier row back after the row it
     followed before. `reference` names the row every other row's paired difference is taken
-    against."""
+    against. A folder that holds runs is refused unless `reuse` takes them or `force` runs them
+    again, as `p2pfl run` refuses an existing run without `--force`."""
     from p2pfl.scenario.launcher import run_loaded
 
+    check_out_folder(out, reuse=reuse, force=force)
     base = apply_overrides(read_raw(scenario_path), overrides)
     if reference is not None and reference not in [row.label for row in rows]:
         earlier_labels = list(json.loads((out / "compare.json").read_text()).get("rows", {})) \

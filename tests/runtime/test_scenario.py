@@ -184,8 +184,8 @@ def test_compare_reuse_gathers_a_folders_rows_over_several_calls(tmp_path, capsy
     assert run_compare(path, parse_algorithms("local"), [3, 4], out, reuse=True, progress=False) == 0
     assert listed() == ["fedavg[train.lr=0.01]", "local"]
     assert "leaves out the earlier row 'fedavg'" in capsys.readouterr().err
-    assert run_compare(path, parse_algorithms("local"), [3], out, reuse=False, progress=False) == 0
-    assert listed() == ["local"], "without --reuse the table is this call's rows"
+    assert run_compare(path, parse_algorithms("local"), [3], out, force=True, progress=False) == 0
+    assert listed() == ["local"], "with --force the table is this call's rows"
     assert run_compare(path, parse_algorithms("fedavg"), [3], out, reuse=True, progress=False) == 0
     assert listed() == ["local", "fedavg"]
 
@@ -289,3 +289,33 @@ def test_compare_reference_must_name_a_row(tmp_path):
     with pytest.raises(ConfigError, match="not one of the rows") as info:
         run_compare(path, parse_algorithms("fedavg,local"), [0], tmp_path / "cmp", progress=False, reference="fedprox")
     assert info.value.field == "--reference" and not (tmp_path / "cmp").exists()
+
+
+def test_finding_11_compare_refuses_a_folder_holding_runs_without_reuse_or_force(tmp_path, capsys):
+    """Before, a second `p2pfl compare` into the same folder re-ran every row and replaced the
+    earlier runs, exit 0: now it is refused as `p2pfl run` refuses, and nothing is touched."""
+    import json
+
+    from p2pfl.cli import main
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(path), "--algorithms", "local", "--seeds", "0", "--out", str(out),
+                 "--no-progress"]) == 0
+    results = next(out.glob("*/*/results.json"))
+    before = results.read_bytes()
+    capsys.readouterr()
+    assert main(["compare", str(path), "--algorithms", "local", "--seeds", "0", "--out", str(out),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "holds runs of an earlier comparison" in err and "--reuse" in err and "--force" in err
+    assert results.read_bytes() == before
+    assert main(["compare", str(path), "--algorithms", "local", "--seeds", "0", "--out", str(out), "--reuse",
+                 "--force", "--no-progress"]) == 2
+    assert "pass one of them" in capsys.readouterr().err
+    assert main(["compare", str(path), "--algorithms", "local", "--seeds", "0", "--out", str(results),
+                 "--no-progress"]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(["compare", str(path), "--algorithms", "local", "--seeds", "0", "--out", str(out), "--force",
+                 "--no-progress"]) == 0
+    assert json.loads(results.read_text())["summary"]["nodes_failed"] == []
