@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from p2pfl.runtime.config import node_ids
-from p2pfl.runtime.run_folder import RunFolder, load_artefacts
+from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
 
 # Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
@@ -27,19 +27,31 @@ from p2pfl.runtime.timing import PHASES
 HEATMAPS = ("lambda", "relevance", "shapley", "affinity", "fomo_weights")
 
 
-def _finite(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+def _finite(value: Any) -> float | None:
+    """A number the page can draw, or None (NaN, ±Inf, a string, or anything a bad line holds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _node_result(path: Path) -> dict[str, Any] | None:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):  # not there yet (written whole, so never half)
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def _phase_times(record: dict[str, Any]) -> dict[str, float]:
+    times = record.get("time") if isinstance(record.get("time"), dict) else {}
+    return {p: _finite(times.get(f"{p}_s")) or 0.0 for p in PHASES}
 
 
 def _rounds(path: Path) -> list[dict[str, Any]]:
     """A node's round records, the last one per round (a resumed node writes rounds again)."""
     by_round: dict[int, dict[str, Any]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line being written right now
-                continue
+    for record in read_records(path, ("round",)):  # skips a line being written now, or left by a kill
+        if type(record["round"]) is int:
             by_round[record["round"]] = record
     return [by_round[r] for r in sorted(by_round)]
 
@@ -54,19 +66,19 @@ def dashboard_state(run_dir: Path) -> dict[str, Any]:
     nodes = []
     for nid in ids:
         rounds = _rounds(folder.node_rounds(nid))
-        result = json.loads(folder.node_result(nid).read_text()) if folder.node_result(nid).is_file() else None
+        result = _node_result(folder.node_result(nid))
         if not rounds and result:  # a node that kept no round log (a run from before it, or a Ray worker's)
-            rounds = result.get("rounds", [])
+            rounds = [r for r in result.get("rounds") or [] if isinstance(r, dict) and type(r.get("round")) is int]
         nodes.append({
             "id": nid,
-            "status": result["status"] if result else ("running" if rounds else "starting"),
+            "status": str(result.get("status")) if result else ("running" if rounds else "starting"),
             "round": rounds[-1]["round"] if rounds else 0,
             "rounds": [{
                 "round": r["round"], "test_acc": _finite(r.get("test_acc")),
                 "test_acc_aggregated": _finite(r.get("test_acc_aggregated")),
-                "mib_received": r.get("bytes_received", 0) / 2**20,
-                "epsilon": _finite(r.get("epsilon")) if not isinstance(r.get("epsilon"), str) else None,
-                "time": {p: r.get("time", {}).get(f"{p}_s", 0.0) for p in PHASES},
+                "mib_received": (_finite(r.get("bytes_received")) or 0.0) / 2**20,
+                "epsilon": _finite(r.get("epsilon")),
+                "time": _phase_times(r),
             } for r in rounds],
         })
     artefacts = load_artefacts(run_dir)
@@ -77,11 +89,12 @@ def dashboard_state(run_dir: Path) -> dict[str, Any]:
         index = {nid: i for i, nid in enumerate(ids)}
         matrix: list[list[float | None]] = [[None] * len(ids) for _ in ids]
         for node, by_round in artefacts[name].items():
-            if node in index and by_round:
-                latest = by_round[max(by_round)]
+            latest = by_round[max(by_round)] if by_round else None
+            if node in index and isinstance(latest, dict) and isinstance(latest.get("peers"), list) \
+                    and isinstance(latest.get("values"), list):
                 for peer, value in zip(latest["peers"], latest["values"]):
-                    if peer in index and isinstance(value, (int, float)):
-                        matrix[index[node]][index[peer]] = _finite(float(value))
+                    if isinstance(peer, str) and peer in index:
+                        matrix[index[node]][index[peer]] = _finite(value)
         heatmaps[name] = {"ids": ids, "matrix": matrix}
     return {"ready": True, "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
             "rounds": scenario["rounds"], "nodes": nodes, "heatmaps": heatmaps, "phases": list(PHASES),

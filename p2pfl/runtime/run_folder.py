@@ -13,14 +13,20 @@
 
 A compare folder holds one run folder per row and seed: COMPARE/<row slug>/seed<k>/, and
 COMPARE/compare.json listing the rows.
+
+A process may be killed at any byte. JSON files are written whole (temporary file, rename);
+JSON-lines files are appended a line per write, after a newline that ends whatever a killed
+writer left, and every reader (`read_records`) skips a line that is not a whole record.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,15 +85,56 @@ class RunFolder:
         return [name for name in ENTRIES if (self.root / name).exists()]
 
     def append_round(self, node_id: str, record: Mapping[str, Any]) -> None:
-        path = self.node_rounds(node_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_record(self.node_rounds(node_id), record)
 
     def write_result(self, node_id: str, result: Mapping[str, Any]) -> None:
-        path = self.node_result(node_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
+        write_json_atomic(self.node_result(node_id), result)
+
+
+def write_json_atomic(path: Path, document: Any, indent: int | None = 1) -> None:
+    """`path` holds the old document or the new one, whenever the writer is killed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(document, indent=indent))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_record(path: Path, record: Mapping[str, Any]) -> None:
+    """One JSON line, in one write; a line a killed writer left unfinished is ended first, so
+    that it spoils only itself."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_records(path: Path, required: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
+    """The whole records of a JSON-lines file: lines that parse as an object with `required`
+    keys; a half-written line (a killed writer, or one being written now) is skipped."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and all(k in record for k in required):
+            yield record
 
 
 def row_slug(label: str) -> str:
@@ -142,17 +189,15 @@ class ArtefactSink:
         entry = {"node": self.node_id, "round": self.round, "name": name, "value": _jsonable(value)}
         self.saved.append(entry)
         if self._path is not None:
-            with self._path.open("a") as fh:
-                fh.write(json.dumps(entry) + "\n")
+            append_record(self._path, entry)
 
 
 def load_artefacts(run_dir: Path) -> dict[str, dict[str, dict[int, Any]]]:
     """name -> node -> round -> value, from `artefacts/*.jsonl`."""
     out: dict[str, dict[str, dict[int, Any]]] = defaultdict(lambda: defaultdict(dict))
     for path in sorted(RunFolder(run_dir).artefacts.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                e = json.loads(line)
+        for e in read_records(path, ("name", "node", "round", "value")):
+            if isinstance(e["name"], str) and isinstance(e["node"], str) and type(e["round"]) is int:
                 out[e["name"]][e["node"]][e["round"]] = e["value"]
     return out
 

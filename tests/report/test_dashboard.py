@@ -118,3 +118,49 @@ def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -
         assert f'id="row-{nid}"' in dom  # the script ran and filled the node table
     assert "node-rounds done" in dom and "<polyline" in dom  # summary line and drawn curves
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_finding_9_a_node_killed_mid_write_takes_neither_the_dashboard_nor_the_report_down(tmp_path: Path) -> None:
+    """A half-written artefact line, round lines that parse but are no records, and a resumed
+    node appending after its killed self's half line: before, /api/state answered 500 and
+    `load_artefacts` raised; now every reader skips what is not a whole record."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from p2pfl.report.dashboard import dashboard_app
+    from p2pfl.runtime.run_folder import load_artefacts
+
+    folder = RunFolder(tmp_path)
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 3, "algorithm": {"name": "pfedsv"}}))
+    folder.append_round("node-0", {"round": 1, "test_acc": 0.5, "bytes_received": 2**20, "time": {"train_s": 1.0}})
+    rounds = folder.node_rounds("node-0")
+    with rounds.open("a") as fh:  # what a kill mid-write, and hand-made or foreign lines, leave behind
+        fh.write('{}\n[1, 2]\n{"round": "two"}\n{"round": 2, "time": [1], "bytes_received": "x"}\n{"round": 3, "te')
+    folder.append_round("node-0", {"round": 3, "test_acc": 0.7})  # the resumed node ends the half line first
+    (tmp_path / "artefacts").mkdir()
+    (tmp_path / "artefacts" / "node-1.jsonl").write_text(
+        json.dumps({"node": "node-1", "round": 1, "name": "relevance", "value": {"peers": ["node-0"], "values": [0.4]}})
+        + '\n{"node": "node-1", "round": 2, "name": "rel\n[]\n{"node": "node-1", "round": 2, "name": "relevance", '
+        '"value": 7}\n')
+    assert load_artefacts(tmp_path)["relevance"]["node-1"] == {1: {"peers": ["node-0"], "values": [0.4]}, 2: 7}
+    state = dashboard_state(tmp_path)
+    node0 = state["nodes"][0]
+    assert [r["round"] for r in node0["rounds"]] == [1, 2, 3] and node0["rounds"][2]["test_acc"] == 0.7
+    assert node0["rounds"][1]["mib_received"] == 0.0 and node0["rounds"][1]["time"]["train"] == 0.0
+    assert state["heatmaps"]["relevance"]["matrix"] == [[None, None], [None, None]]  # round 2's value is no vector
+    folder.node_result("node-1").write_text('{"status": "ok", "rou')  # a file written before writes were atomic
+
+    async def fetch() -> int:
+        async with TestClient(TestServer(dashboard_app(tmp_path))) as client:
+            resp = await client.get("/api/state")
+            return resp.status
+
+    assert asyncio.run(fetch()) == 200
+
+
+def test_results_are_written_whole(tmp_path: Path) -> None:
+    folder = RunFolder(tmp_path)
+    folder.write_result("node-0", {"status": "ok", "rounds": [1, 2]})
+    assert json.loads(folder.node_result("node-0").read_text()) == {"status": "ok", "rounds": [1, 2]}
+    assert [p.name for p in folder.node_result("node-0").parent.iterdir()] == ["node-0.result.json"]
