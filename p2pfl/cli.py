@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +16,16 @@ from p2pfl.logs import LEVELS, set_level
 
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a command stopped by `kill`
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill PID`, a scheduler, a CI timeout), taken the way Ctrl-C is: the launcher
+    stops its nodes, writes what they finished and says how to resume."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -141,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "log_level", None):
         set_level(args.log_level)  # inherited by every process this command starts
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
         return _dispatch(args)
     except ConfigError as exc:
@@ -149,11 +163,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except KeyboardInterrupt:
-        out = getattr(args, "out", None)
-        kept = f"; every round a node finished is checkpointed in {out} (p2pfl run ... --resume)" if out else ""
-        print(f"interrupted{kept}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        print(f"{'stopped by SIGTERM' if isinstance(exc, Terminated) else 'interrupted'}{_resume_hint(args)}",
+              file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    out = getattr(args, "out", None)
+    if out is None:
+        return ""
+    if args.command == "run":
+        return (f"; every round a node finished is checkpointed in {out}: "
+                f"p2pfl run {args.scenario} --out {out} --resume goes on from there")
+    if args.command == "compare":
+        return f"; the runs that ended are kept in {out}: the same command with --reuse runs only the others"
+    return ""
 
 
 def _keygen(args: argparse.Namespace) -> int:

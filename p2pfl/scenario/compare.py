@@ -377,7 +377,8 @@ def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any]
     if not RunFolder(run_dir).results.is_file():
         return None
     stored = json.loads(RunFolder(run_dir).results.read_text())
-    failed = (stored.get("summary") or {}).get("nodes_failed")
+    summary = stored.get("summary") or {}
+    failed = (summary.get("nodes_failed") or []) + (summary.get("nodes_stopped") or [])
     if failed:
         print(f"{label}: {run_dir} has failed nodes ({', '.join(failed[:3])}{', …' if len(failed) > 3 else ''}); "
               "running it again", file=sys.stderr)

@@ -28,13 +28,13 @@ from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, PeerInfo, load_node_config, node_ids
 from p2pfl.runtime.roster import ROSTER_FILE, write_roster
-from p2pfl.runtime.run_folder import RunFolder, load_artefacts
+from p2pfl.runtime.run_folder import RunFolder, load_artefacts, write_json_atomic
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
 from p2pfl.scenario.relevance import score_run
-from p2pfl.scenario.results import build_results, format_summary
+from p2pfl.scenario.results import STOPPED, build_results, format_summary
 from p2pfl.scenario.schema import Scenario, load_scenario, scenario_differences
 from p2pfl.wire import NodeKey
 
@@ -328,27 +328,32 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         # Checked before any process starts or a cluster is joined: a wrong folder is an error now.
         node_paths, coordinator_path = existing_run_folder(scenario, out.resolve())
         RunFolder(out).results.unlink(missing_ok=True)
-        if scenario.runtime.placement == "ray":
-            codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, dashboard_port,
-                                resumed=(node_paths, coordinator_path))
-        else:
-            codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
-                                           dashboard_port=dashboard_port))
-    elif scenario.runtime.placement == "ray":
-        claim_out(out, force)
-        codes = _run_on_ray(scenario, out, progress, timeout_s, dashboard_port)
     else:
         claim_out(out, force)
-        node_paths, coordinator_path = write_run_folder(scenario, out)
-        codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
-                                       dashboard_port=dashboard_port))
+    try:
+        if resume and scenario.runtime.placement == "ray":
+            codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, dashboard_port,
+                                resumed=(node_paths, coordinator_path))
+        elif resume:
+            codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
+                                           dashboard_port=dashboard_port))
+        elif scenario.runtime.placement == "ray":
+            codes = _run_on_ray(scenario, out, progress, timeout_s, dashboard_port)
+        else:
+            node_paths, coordinator_path = write_run_folder(scenario, out)
+            codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
+                                           dashboard_port=dashboard_port))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (p2pfl.cli.Terminated): the nodes are stopped by now
+        if RunFolder(out).scenario.is_file():
+            _write_stopped_results(scenario, out, time.perf_counter() - started, partition.ground_truth())
+        raise
     wall_s = time.perf_counter() - started
     results = build_results(scenario, out, codes, wall_s, partition.ground_truth())
     results["data_fingerprint"] = scenario_data_fingerprint(scenario)
     scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
     if scores is not None:
         results["relevance_scores"] = scores
-    RunFolder(out).results.write_text(json.dumps(results, indent=1))
+    write_json_atomic(RunFolder(out).results, results)
     if not quiet:
         print(format_summary(results))
         print(f"results: {RunFolder(out).results}")
@@ -356,6 +361,15 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     if failed and not quiet:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
     return results, (1 if failed else 0)
+
+
+def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_truth: Mapping[str, Any]) -> None:
+    """results.json of a run stopped before its end: every node that had not ended is "stopped",
+    with the rounds it recorded; `--resume` goes on from its checkpoint, `compare --reuse` runs it again."""
+    ids = [*node_ids(scenario.nodes), *([COORDINATOR_ID] if uses_coordinator(scenario) else [])]
+    results = build_results(scenario, out, dict.fromkeys(ids, STOPPED), wall_s, ground_truth)
+    results["data_fingerprint"] = scenario_data_fingerprint(scenario)
+    write_json_atomic(RunFolder(out).results, results)
 
 
 def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,

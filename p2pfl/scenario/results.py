@@ -13,11 +13,13 @@ from typing import Any
 
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.node import ENDED_BADLY
-from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.run_folder import RunFolder, read_records
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.timing import compute_fraction
 
+
+STOPPED = -15  # the exit status the launcher gives a node it stopped (as Popen reports SIGTERM)
 
 # More unanswered downloads than this share, over a run's second half, gets a warning. A run
 # alone on its machine answers nearly all of them after its first rounds (the 100-node pFedSV
@@ -135,6 +137,11 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         path = RunFolder(out).node_result(nid)
         if path.is_file():
             result = json.loads(path.read_text())
+        elif exit_codes.get(nid) == STOPPED:
+            by_round = {r["round"]: r for r in read_records(RunFolder(out).node_rounds(nid), ("round",))}
+            result = {"id": nid, "status": "stopped", "error": "stopped before its last round (Ctrl-C or SIGTERM); "
+                      "--resume goes on from its last checkpoint", "rounds": [by_round[r] for r in sorted(by_round)],
+                      "final_test_acc": None}
         else:
             result = {"id": nid, "status": "failed", "error": f"no result file (exit code {exit_codes.get(nid)})",
                       "rounds": [], "final_test_acc": None}
@@ -169,6 +176,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "nodes_ok": sum(1 for n in nodes if n.get("status") == "ok"),
         # By each node's own status: a worker's exit code covers all its nodes, good or bad.
         "nodes_failed": [n["id"] for n in nodes if n.get("status") in ENDED_BADLY],
+        "nodes_stopped": [n["id"] for n in nodes if n.get("status") == "stopped"],
         "downloads": download_health(nodes),
         "peers_refused": refused_peers(nodes),
     }

@@ -49,3 +49,61 @@ def test_survivors_finish_when_a_peer_dies(tmp_path):
         assert [p for p in result["rounds"][-1]["arrived"]] == [n for n in ("node-0", "node-1") if n != name]
         # Once found gone, the dead peer costs one quick status probe per round, not fetch_timeout_s (3 s).
         assert result["rounds"][-1]["time"]["exchange_s"] < 1.5, result["rounds"][-1]["time"]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line names `text` (the run folder): orphans, if any."""
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(proc.name))
+    return found
+
+
+def test_finding_10_sigterm_stops_the_run_like_ctrl_c_and_resume_loses_no_round(tmp_path):
+    """Before, `kill PID` of `p2pfl run` exited at once, orphaned its nodes (they kept training,
+    then failed with BrokenPipeError) and left no results.json."""
+    import os
+    import signal
+    import time
+
+    rounds = 30
+    scenario = write_tiny(tmp_path, nodes=2, rounds=rounds, samples=40, timeout=5.0)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(out), "--no-progress"]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        rounds_file = out / "nodes" / "node-0.rounds.jsonl"
+        while time.monotonic() < deadline and not (rounds_file.is_file() and rounds_file.read_text().count("\n") >= 2):
+            time.sleep(0.1)
+        assert launcher.poll() is None, "the run ended before it could be stopped"
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 143, err[-2000:]
+    assert "stopped by SIGTERM" in err and f"--out {out} --resume" in err
+    time.sleep(0.5)
+    assert _processes_mentioning(str(out)) == [], "node processes outlived the launcher"
+    results = json.loads((out / "results.json").read_text())
+    assert {n["status"] for n in results["nodes"]} == {"stopped"}
+    assert results["summary"]["nodes_stopped"] == ["node-0", "node-1"]
+    done = min(len(n["rounds"]) for n in results["nodes"])
+    assert 2 <= done < rounds
+
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    for node in results["nodes"]:
+        assert node["status"] == "ok"
+        assert [r["round"] for r in node["rounds"]] == list(range(1, rounds + 1))
