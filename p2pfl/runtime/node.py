@@ -500,6 +500,11 @@ class Node:
                 status = "isolated"
                 self.log.warning("ended isolated: asked for peers in %d rounds and none ever answered",
                                  sum(1 for x in self.rounds if x.get("asked")))
+            elif status == "ok" and self._rounds_alone():
+                status = "degraded"
+                self.log.warning("rounds %s: asked for peers and received nothing (peers refused or unreachable: "
+                                 "a flood of connections, a network down); the run went on with its own model",
+                                 self._rounds_alone())
         except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
             status = "failed"
             error = "".join(traceback.format_exception(exc))
@@ -522,6 +527,12 @@ class Node:
             # half-trained model never replaces the last good checkpoint.
             self.write_checkpoint()
         return result
+
+    def _rounds_alone(self) -> list[int]:
+        """Rounds in which the node asked for peers that had not said goodbye and received nothing:
+        it learned from no one there, which a run's status must not call ok."""
+        return [x["round"] for x in self.rounds
+                if x.get("participated", True) and x.get("asked") and not x.get("arrived") and x.get("unanswered")]
 
     def _isolated(self) -> bool:
         """The strategy asked for peers and, over the whole run, none ever answered."""
@@ -641,6 +652,7 @@ class Node:
             "final_test_acc": last.get("test_acc"),
             "final_test_acc_aggregated": last.get("test_acc_aggregated"),
             "final_epsilon": last.get("epsilon"),
+            "rounds_alone": self._rounds_alone(),
             "totals": self.counter.totals(),
             "rejected": self.endpoint.rejections.summary(),
             "wall_s": wall_s,

@@ -26,8 +26,8 @@ from typing import Any
 from p2pfl.core.paired import LEVEL, MIN_SEEDS, paired_difference
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
-from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, download_health, download_warning, refusal_warning,
-                                    refused_peers)
+from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, degraded_warning, download_health, download_warning,
+                                    refusal_warning, refused_peers)
 from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
                                    scenario_from_dict)
 
@@ -546,7 +546,8 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
               f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
               file=sys.stderr)
         for warning in (download_warning(download_health(results["nodes"])),
-                        refusal_warning(refused_peers(results["nodes"]))):
+                        refusal_warning(refused_peers(results["nodes"])),
+                        degraded_warning((results["summary"].get("nodes_degraded") or {}))):
             if warning is not None:
                 print(f"{row.label} seed {seed}: {warning}", file=sys.stderr)
     summaries: dict[str, list[dict[str, Any]]] = {}

@@ -69,6 +69,16 @@ def refused_peers(nodes: list[Mapping[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def degraded_warning(degraded: Mapping[str, list[int]]) -> str | None:
+    """A line naming the nodes that received nothing in some rounds, or None."""
+    if not degraded:
+        return None
+    listed = "; ".join(f"{nid} in rounds {', '.join(map(str, rounds[:8]))}{' ...' if len(rounds) > 8 else ''}"
+                       for nid, rounds in degraded.items())
+    return (f"warning: nodes received nothing from any peer they asked ({listed}): status \"degraded\"; "
+            "their logs name the peers that did not answer")
+
+
 def refusal_warning(refused: Mapping[str, int]) -> str | None:
     """A line naming the peers whose parts were refused, or None."""
     if not refused:
@@ -177,6 +187,8 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         # By each node's own status: a worker's exit code covers all its nodes, good or bad.
         "nodes_failed": [n["id"] for n in nodes if n.get("status") in ENDED_BADLY],
         "nodes_stopped": [n["id"] for n in nodes if n.get("status") == "stopped"],
+        # Ended, but with rounds in which they received nothing from any peer they asked.
+        "nodes_degraded": {n["id"]: n.get("rounds_alone") for n in nodes if n.get("status") == "degraded"},
         "downloads": download_health(nodes),
         "peers_refused": refused_peers(nodes),
     }
@@ -267,7 +279,8 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")
     if s.get("nodes_failed"):
         lines.append(f"nodes that failed or ended isolated: {', '.join(s['nodes_failed'])}")
-    for warning in (download_warning(s["downloads"]), refusal_warning(s.get("peers_refused") or {})):
+    for warning in (download_warning(s["downloads"]), refusal_warning(s.get("peers_refused") or {}),
+                    degraded_warning(s.get("nodes_degraded") or {})):
         if warning is not None:
             lines.append(warning)
     return "\n".join(lines)

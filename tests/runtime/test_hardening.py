@@ -335,3 +335,27 @@ def test_a_non_finite_aggregate_is_refused_and_the_node_goes_on(tmp_path: Path) 
     assert first["test_acc_aggregated"] == first["test_acc"]
     assert np.isfinite(second["train_loss"])
     assert all(bool(torch.isfinite(v).all()) for v in victim.model.state_dict().values())
+
+
+def test_finding_6_a_round_in_which_a_node_received_nothing_is_flagged(tmp_path: Path) -> None:
+    """Under a connection flood a node got no model in a round and the run still said ok: now
+    the node ends "degraded", names the rounds, and the run's summary warns."""
+    from p2pfl.scenario.results import degraded_warning
+
+    from .helpers import build_in_process, run_in_process, write_tiny
+
+    nodes, _ = build_in_process(write_tiny(tmp_path, nodes=2, rounds=3, samples=40, timeout=3.0), tmp_path / "run")
+    victim = nodes[0]
+    fetch = victim.endpoint.fetch
+
+    async def locked_out_in_round_2(peer: str, part: str, round_: int, *args: Any, **kwargs: Any) -> Any:
+        if round_ == 2:  # what a full connection cap does to every new connection
+            return None
+        return await fetch(peer, part, round_, *args, **kwargs)
+
+    victim.endpoint.fetch = locked_out_in_round_2  # type: ignore[method-assign]
+    results, _, _ = run_in_process(nodes, None)
+    assert (results[0]["status"], results[0]["rounds_alone"]) == ("degraded", [2])
+    assert (results[1]["status"], results[1]["rounds_alone"]) == ("ok", [])
+    warning = degraded_warning({"node-0": [2]})
+    assert warning is not None and "node-0 in rounds 2" in warning and "degraded" in warning
