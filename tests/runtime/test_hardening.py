@@ -359,3 +359,58 @@ def test_finding_6_a_round_in_which_a_node_received_nothing_is_flagged(tmp_path:
     assert (results[1]["status"], results[1]["rounds_alone"]) == ("ok", [])
     warning = degraded_warning({"node-0": [2]})
     assert warning is not None and "node-0 in rounds 2" in warning and "degraded" in warning
+
+
+def test_finding_8_malformed_requests_log_one_rate_limited_line_not_a_traceback_each(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """500 requests with a header line over 8 190 bytes wrote 500 tracebacks (354 KiB)."""
+    import logging
+
+    from p2pfl.logs import LIBRARY_LINES_PER_WINDOW, limit_library_logs
+
+    limit_library_logs()
+    node = _serving(tmp_path, NodeKey.generate())
+    answers: list[bytes] = []
+
+    async def scenario() -> None:
+        await _started(node)
+        try:
+            for _ in range(60):
+                reader, writer = await asyncio.open_connection("127.0.0.1", node.config.port)
+                writer.write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n")
+                await writer.drain()
+                answers.append(await asyncio.wait_for(reader.read(200), 10))
+                writer.close()
+        finally:
+            await node.endpoint.close()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(scenario())
+    assert all(a.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")) or a == b"" for a in answers) and any(answers)
+    library = [r for r in caplog.records if r.name.startswith(("aiohttp", "asyncio"))]
+    assert len([r for r in library if r.name == "aiohttp.server"]) == LIBRARY_LINES_PER_WINDOW
+    assert not any(r.exc_info or r.exc_text for r in library)
+    assert "Traceback" not in caplog.text
+
+
+def test_the_one_line_filter_counts_what_it_drops() -> None:
+    import logging
+
+    from p2pfl.logs import OneLineRateLimited
+
+    now = [0.0]
+    limiter = OneLineRateLimited(lines=2, window_s=10.0, clock=lambda: now[0])
+
+    def record(msg: str) -> logging.LogRecord:
+        try:
+            raise OSError(24, "Too many open files")
+        except OSError:
+            import sys
+            return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, sys.exc_info())
+
+    kept = [r for r in (record(f"accept failed {i}") for i in range(5)) if limiter.filter(r)]
+    assert [r.getMessage() for r in kept] == ["accept failed 0: OSError: [Errno 24] Too many open files",
+                                             "accept failed 1: OSError: [Errno 24] Too many open files"]
+    now[0] = 11.0
+    later = record("accept failed 5")
+    assert limiter.filter(later) and later.getMessage().endswith("(3 more like it were not logged)")
