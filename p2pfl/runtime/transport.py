@@ -18,6 +18,7 @@ import logging
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,7 @@ class ServerLimits:
     read_timeout_s: float = 30.0       # to send the request's headers, and then its body
     max_connections: int = 512         # open connections in total; more are closed at once
     max_requests_per_peer: int = 16    # concurrent reads per verified requester (long-polls included)
+    handshake_timeout_s: float = 5.0   # TLS: to finish the handshake (asyncio's default is 60 s)
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -93,10 +95,22 @@ class GuardedProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
+        if endpoint.tls is not None:
+            # Made at accept, before the TLS handshake (connection_made comes after it): the cap
+            # counts connections still shaking hands too. A protocol whose handshake failed is
+            # dropped by asyncio, and with it its place in the weak set.
+            held = len(endpoint.connections) + len(endpoint.handshaking)
+            if held >= endpoint.server_limits.max_connections:
+                endpoint.rejections.add(UNVERIFIED, 503, "too_many_connections",
+                                        f"connection refused before its TLS handshake: {held} open or shaking "
+                                        f"hands, limit {endpoint.server_limits.max_connections}")
+                raise ConnectionRefusedError("connection cap reached")  # asyncio closes the socket
+            endpoint.handshaking.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         ep = self.endpoint
+        ep.handshaking.discard(self)
         if len(ep.connections) >= ep.server_limits.max_connections:
             ep.rejections.add(UNVERIFIED, 503, "too_many_connections",
                               f"connection refused: {len(ep.connections)} open, limit {ep.server_limits.max_connections}")
@@ -304,6 +318,7 @@ class Endpoint:
         # peer -> SHA-256 of its certificate: checked during the handshake, before a request byte is sent.
         self._pins = {peer: pin(fp) for peer, fp in (pins or {}).items()}
         self.connections: set[GuardedProtocol] = set()
+        self.handshaking: weakref.WeakSet[GuardedProtocol] = weakref.WeakSet()
         self._reads_by_peer: dict[str, int] = {}
         self.rejections = RejectionLog(self.log)
 
@@ -322,8 +337,9 @@ class Endpoint:
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: GuardedProtocol(server(), self), host, port,
-                                                reuse_address=True, ssl=self.tls)
+        self._server = await loop.create_server(
+            lambda: GuardedProtocol(server(), self), host, port, reuse_address=True, ssl=self.tls,
+            ssl_handshake_timeout=self.server_limits.handshake_timeout_s if self.tls is not None else None)
         self._session = aiohttp.ClientSession()
 
     async def close(self) -> None:

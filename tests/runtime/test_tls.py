@@ -73,3 +73,51 @@ def test_roster_fingerprints_are_validated(tmp_path: Path) -> None:
     path.write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="peers.node-1.tls_fingerprint"):
         load_node_config(path)
+
+
+def test_finding_7_connections_that_never_finish_a_handshake_are_capped_and_timed_out(tmp_path: Path) -> None:
+    """Before, TLS connections were counted only after their handshake: 1 100 silent ones lived
+    60 s each, took every file descriptor and wrote a traceback per failed accept."""
+    import gc
+
+    from p2pfl.runtime.transport import ServerLimits
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, timeout=5.0)
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
+    endpoint = nodes[0].endpoint
+    endpoint.server_limits = ServerLimits(max_connections=4, handshake_timeout_s=3.0)
+    seen: dict[str, object] = {}
+
+    async def flood() -> None:
+        await endpoint.start("127.0.0.1", nodes[0].config.port)
+        try:
+            silent = [await asyncio.open_connection("127.0.0.1", nodes[0].config.port) for _ in range(12)]
+            await asyncio.sleep(0.3)
+            seen["handshaking"] = len(endpoint.handshaking)
+
+            async def closed(reader: asyncio.StreamReader) -> bool:
+                try:
+                    return await asyncio.wait_for(reader.read(1), 0.5) == b""
+                except asyncio.TimeoutError:
+                    return False
+                except ConnectionError:
+                    return True
+
+            seen["closed_at_once"] = sum(await asyncio.gather(*(closed(reader) for reader, _ in silent)))
+            await asyncio.sleep(3.0)  # past the handshake timeout
+            gc.collect()
+            seen["handshaking_after_timeout"] = len(endpoint.handshaking)
+            async with aiohttp.ClientSession() as session:  # a peer that does shake hands gets in again
+                async with session.get(f"https://127.0.0.1:{nodes[0].config.port}/v1/status", ssl=False) as r:
+                    seen["status"] = r.status
+            for _, writer in silent:
+                writer.close()
+        finally:
+            await endpoint.close()
+
+    asyncio.run(flood())
+    assert seen["handshaking"] == 4 and seen["closed_at_once"] == 8
+    assert seen["handshaking_after_timeout"] == 0
+    assert seen["status"] == 200
+    refused = [c for c in endpoint.rejections.summary()["counts"] if c["reason"] == "too_many_connections"]
+    assert sum(c["count"] for c in refused) == 8
