@@ -82,6 +82,9 @@ class ServerLimits:
     max_connections: int = 512         # open connections in total; more are closed at once
     max_requests_per_peer: int = 16    # concurrent reads per verified requester (long-polls included)
     handshake_timeout_s: float = 5.0   # TLS: to finish the handshake (asyncio's default is 60 s)
+    # Bodies of pushes being read at once, in bytes, whoever sent them; beyond it a push is
+    # answered 429 before its body is read. A few of the largest messages fit (4 x 64 MiB).
+    max_buffered_body_bytes: int = 256 * 2**20
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -319,6 +322,7 @@ class Endpoint:
         self._pins = {peer: pin(fp) for peer, fp in (pins or {}).items()}
         self.connections: set[GuardedProtocol] = set()
         self.handshaking: weakref.WeakSet[GuardedProtocol] = weakref.WeakSet()
+        self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
         self._reads_by_peer: dict[str, int] = {}
         self.rejections = RejectionLog(self.log)
 
@@ -489,7 +493,21 @@ class Endpoint:
                                     f"part={quote(header.part, 40)}", kind="unexpected_kind")
             if schema is not None:
                 check_meta(header.meta, schema)
-            body = await read(total - len(head))
+            # A replayed or stale head is refused before its body is read; and the bodies read at
+            # once share one budget, so that signed uploads held a byte short cannot pile up.
+            self.replay.check(header.sender, header.seq, header.timestamp)
+            body_bytes = total - len(head)
+            budget = self.server_limits.max_buffered_body_bytes
+            if self.buffered_body_bytes + body_bytes > budget:
+                self.counter.received(REJECTED, received, 0)
+                return self._reject(header.sender, 429, f"{self.buffered_body_bytes} body bytes are being read, "
+                                    f"{body_bytes} more would pass the budget of {budget}; retry later",
+                                    kind="body_budget")
+            self.buffered_body_bytes += body_bytes
+            try:
+                body = await read(body_bytes)
+            finally:
+                self.buffered_body_bytes -= body_bytes
             message = open_message(head, body=body, roster=self.roster, recipient=self.node_id, replay=self.replay,
                                    limits=self.limits, expected=expected)
         except asyncio.IncompleteReadError as exc:

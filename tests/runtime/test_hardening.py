@@ -414,3 +414,47 @@ def test_the_one_line_filter_counts_what_it_drops() -> None:
     now[0] = 11.0
     later = record("accept failed 5")
     assert limiter.filter(later) and later.getMessage().endswith("(3 more like it were not logged)")
+
+
+def test_finding_4_a_replayed_head_and_uploads_past_the_body_budget_are_refused_before_their_bodies(
+        tmp_path: Path) -> None:
+    """Before, the inbox buffered every authenticated body whole before the replay check, and
+    nothing bounded the bodies buffered at once: 8 uploads of 64 MiB held a byte short cost
+    +508 MiB, also with a head replayed from a frame the node had accepted."""
+    from p2pfl.wire.envelope import head_length
+
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key, ServerLimits(read_timeout_s=5.0))
+    frame = model_frame(peer_key, node, seq=1)
+    body_bytes = len(frame) - head_length(frame[:9], len(frame))
+    node.endpoint.server_limits = ServerLimits(read_timeout_s=1.5, max_buffered_body_bytes=3 * body_bytes)
+    held: list[int] = []
+
+    async def scenario() -> dict[str, Any]:
+        base = await _started(node)
+        out: dict[str, Any] = {}
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"{base}/v1/inbox", data=frame) as resp:  # not awaited: 409, seq 1 spent
+                    out["first"] = resp.status
+            head = frame[:len(frame) - body_bytes]
+            out["replayed"] = await _raw_post(node.config.port, head, len(frame), timeout=4.0)
+            # Five fresh signed uploads, each holding its body back: three fit the budget.
+            fresh = [model_frame(peer_key, node, seq=10 + i) for i in range(5)]
+            waits = [asyncio.create_task(_raw_post(node.config.port, f[:len(f) - body_bytes], len(f), timeout=4.0))
+                     for f in fresh]
+            await asyncio.sleep(0.5)
+            held.append(node.endpoint.buffered_body_bytes)
+            out["uploads"] = await asyncio.gather(*waits)
+            held.append(node.endpoint.buffered_body_bytes)
+        finally:
+            await node.endpoint.close()
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["first"] == 409
+    answer, seconds = out["replayed"]
+    assert answer.startswith(b"HTTP/1.1 409") and b"was already accepted" in answer and seconds < 1.0
+    statuses = sorted(a[:12] for a, _ in out["uploads"])
+    assert statuses == [b"HTTP/1.1 408"] * 3 + [b"HTTP/1.1 429"] * 2  # three waited for their bodies, two refused
+    assert held == [3 * body_bytes, 0]
