@@ -82,6 +82,7 @@ class ServerLimits:
     max_connections: int = 512         # open connections in total; more are closed at once
     max_requests_per_peer: int = 16    # concurrent reads per verified requester (long-polls included)
     handshake_timeout_s: float = 5.0   # TLS: to finish the handshake (asyncio's default is 60 s)
+    write_timeout_s: float = 60.0      # to write one answer; a reader that reads slower is cut off
     # Bodies of pushes being read at once, in bytes, whoever sent them; beyond it a push is
     # answered 429 before its body is read. A few of the largest messages fit (4 x 64 MiB).
     max_buffered_body_bytes: int = 256 * 2**20
@@ -424,15 +425,21 @@ class Endpoint:
         if self._reads_by_peer.get(requester, 0) >= self.server_limits.max_requests_per_peer:
             return self._reject(requester, 429, f"{self._reads_by_peer[requester]} reads from {requester} already waiting",
                                 kind="too_many_requests")
+        # A read holds its place under the cap until its answer is written, not only while it
+        # waits: a reader that never reads cannot hold more than max_requests_per_peer answers.
         self._reads_by_peer[requester] = self._reads_by_peer.get(requester, 0) + 1
-        store: PartStore = self.setup_store if part.startswith(SETUP_PREFIX) else self.store
         try:
-            if part.startswith(SETUP_PREFIX):
-                published = await self.setup_store.wait_for_part(min_version, wait, part)
-            else:
-                published = await store.wait_for(min_version, wait)
+            return await self._answer_read(request, part, min_version, wait, requester)
         finally:
             self._reads_by_peer[requester] -= 1
+
+    async def _answer_read(self, request: web.Request, part: str, min_version: int, wait: float,
+                           requester: str) -> web.StreamResponse:
+        store: PartStore = self.setup_store if part.startswith(SETUP_PREFIX) else self.store
+        if part.startswith(SETUP_PREFIX):
+            published = await self.setup_store.wait_for_part(min_version, wait, part)
+        else:
+            published = await store.wait_for(min_version, wait)
         if published is None:
             if store.withdrawn:
                 return web.Response(status=410, text=f"{self.node_id} has withdrawn: it failed and serves nothing more")
@@ -450,8 +457,17 @@ class Endpoint:
             key=self.key, kind="model", sender=self.node_id, recipient=requester, round=published.round,
             version=published.version, seq=self.next_seq(), part=part, meta=published.meta, body=body,
         )
-        self.counter.sent(part, frame.nbytes, frame.param_bytes)
-        return await _stream(request, frame)
+        timeout = self.server_limits.write_timeout_s
+        try:
+            response = await asyncio.wait_for(_stream(request, frame), timeout)
+        except asyncio.TimeoutError:
+            self.rejections.add(requester, 408, "write_timeout", f"{requester} read {quote(part, 40)} ({frame.nbytes} "
+                                f"bytes) slower than the write timeout of {timeout:g} s; connection closed")
+            if request.transport is not None:
+                request.transport.close()
+            raise ConnectionResetError("reader too slow") from None
+        self.counter.sent(part, frame.nbytes, frame.param_bytes)  # counted once it has gone
+        return response
 
     async def _read_exactly(self, request: web.Request, n: int) -> bytes:
         return await asyncio.wait_for(request.content.readexactly(n), timeout=self.server_limits.read_timeout_s)

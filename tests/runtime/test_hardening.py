@@ -458,3 +458,58 @@ def test_finding_4_a_replayed_head_and_uploads_past_the_body_budget_are_refused_
     statuses = sorted(a[:12] for a, _ in out["uploads"])
     assert statuses == [b"HTTP/1.1 408"] * 3 + [b"HTTP/1.1 429"] * 2  # three waited for their bodies, two refused
     assert held == [3 * body_bytes, 0]
+
+
+def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_until_then(tmp_path: Path) -> None:
+    """Before, a read counted against the per-peer cap only while it waited for a version, not
+    while its answer was written, and writes had no timeout: 40 signed reads of a 13 MB model by
+    a client that never read held +430 MiB for as long as it liked."""
+    import socket
+
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key, ServerLimits(max_requests_per_peer=2, write_timeout_s=1.5))
+    big = {"w": np.zeros(8 * 2**20, np.float32)}  # 32 MiB: far more than the socket buffers take
+    seen: dict[str, Any] = {}
+
+    def stalled_read(seq: int) -> socket.socket:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", node.config.port))
+        headers = _read_headers(peer_key, min_version=1, seq=seq)
+        request = "GET /v1/parts/full?min_version=1 HTTP/1.1\r\nHost: x\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        sock.sendall(request.encode())
+        return sock  # and never read from it
+
+    async def scenario() -> None:
+        await node.endpoint.start(node.config.host, node.config.port)
+        await node.endpoint.publish(1, 1, {"full": big}, {"n_train": 10})
+        base = f"http://127.0.0.1:{node.config.port}"
+        try:
+            stalled = [await asyncio.to_thread(stalled_read, seq) for seq in (1, 2)]
+            await asyncio.sleep(0.5)
+            seen["held"] = node.endpoint._reads_by_peer.get("node-1")
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base}/v1/parts/full?min_version=1",
+                                       headers=_read_headers(peer_key, min_version=1, seq=3)) as resp:
+                    seen["third while two are stuck"] = resp.status
+            await asyncio.sleep(2.0)  # past the write timeout
+            seen["held after timeout"] = node.endpoint._reads_by_peer.get("node-1")
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base}/v1/parts/full?min_version=1",
+                                       headers=_read_headers(peer_key, min_version=1, seq=4)) as resp:
+                    seen["after"] = (resp.status, len(await resp.read()))
+            for sock in stalled:
+                sock.close()
+            seen["sent"] = node.endpoint.counter.totals()["bytes_sent"]
+        finally:
+            await node.endpoint.close()
+
+    asyncio.run(scenario())
+    assert seen["held"] == 2 and seen["third while two are stuck"] == 429
+    assert seen["held after timeout"] == 0
+    status, size = seen["after"]
+    assert status == 200 and size > 32 * 2**20
+    assert seen["sent"] == size  # the two cut-off answers are not counted as sent
+    timeouts = [r for r in node.endpoint.rejections if r[1] == 408 and "write timeout" in r[2]]
+    assert len(timeouts) == 2
