@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import re
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from p2pfl.logs import LEVELS, set_level
 
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # what a key file may be named after
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a command stopped by `kill`
 
 
@@ -104,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     lan.add_argument("--hosts", required=True, help="comma-separated host:port, one per node, in node order")
     lan.add_argument("--coordinator", default=None, help="host:port of the coordinator, for DI/GA")
     lan.add_argument("--out", type=Path, required=True)
+    lan.add_argument("--force", action="store_true", help="replace the keys and configs already in --out (every host "
+                                                          "then needs its new key)")
     _add_set(lan)
 
     keygen = sub.add_parser("keygen", help="make this host's private key and print its roster entry")
@@ -190,6 +194,11 @@ def _keygen(args: argparse.Namespace) -> int:
     from p2pfl.runtime.tls import fingerprint
     from p2pfl.wire import NodeKey
 
+    if not NODE_ID.fullmatch(args.node_id):
+        raise ConfigError("node_id", f"{args.node_id!r} is not a node id: letters, digits, '.', '_' and '-', "
+                                     "starting with a letter or digit (it names the key file inside --out)")
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError("--out", f"{args.out} is a file; name the folder the key goes into")
     path = args.out / f"{args.node_id}.key"
     if path.exists() and not args.force:
         raise ConfigError("--out", f"{path} exists; a new key would orphan the roster's entry (pass --force to replace it)")
@@ -278,7 +287,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from p2pfl.scenario.launcher import write_lan_configs
 
         hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-        paths = write_lan_configs(args.scenario, hosts, args.out, args.coordinator, args.overrides)
+        paths = write_lan_configs(args.scenario, hosts, args.out, args.coordinator, args.overrides, force=args.force)
         print(f"roster: {args.out / 'roster.toml'} (check it with: p2pfl roster check {args.out / 'roster.toml'})")
         for path in paths:
             print(f"p2pfl {'coordinator' if path.stem == 'coordinator' else 'node'} {path}")

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
@@ -120,7 +121,12 @@ async def start_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 80
     """Serve the page for `run_dir` on this event loop; `await runner.cleanup()` stops it."""
     runner = web.AppRunner(dashboard_app(run_dir), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError("--dashboard", f"cannot serve on {host}:{port}: {exc.strerror or exc}; "
+                                         "pick another port") from None
     return runner
 
 

@@ -140,6 +140,7 @@ class Node:
         self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
         self.declared_sizes = DeclaredSizes()
         self.refused: dict[str, str] = {}  # peer -> why its part was refused this round
+        self.restarts: list[dict[str, Any]] = []  # each --resume of this node: after which round, when
         self.checkpoint_path = self.folder.checkpoint(config.id)
 
     # ---- endpoint callbacks ---------------------------------------------------------------
@@ -231,6 +232,9 @@ class Node:
             if message.header.version < round_ and not self.scenario.runtime.accept_stale:
                 return None
             try:
+                if message.header.version > self.scenario.rounds:  # no honest peer publishes past the last round
+                    raise ClaimRefused(f"{fetch.peer} served version {message.header.version} of "
+                                       f"{fetch.part}; the run has {self.scenario.rounds} rounds")
                 return self._peer_model(message)
             except ClaimRefused as exc:
                 self._refuse(fetch.peer, exc)
@@ -469,16 +473,19 @@ class Node:
         status = "ok"
         error = None
         goodbye = ""
+        resume_failed = False
         try:
+            first = 1
+            if self.resume:  # before the start wait: a missing or foreign checkpoint is an error now
+                first = await asyncio.to_thread(self.restore) + 1
+                self.restarts.append({"after_round": first - 1, "at": time.time()})
             # Not a barrier: a node starts once its peers are up or start_wait_s has passed, so
             # that peers still starting (importing torch) do not slow its first round.
             awaited = set(self.neighbours) | ({COORDINATOR_ID} if cfg.coordinator is not None else set())
             silent = await self.endpoint.wait_until_up(awaited, sc.runtime.start_wait_s)
             if silent:
                 self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.runtime.start_wait_s)
-            first = 1
             if self.resume:
-                first = await asyncio.to_thread(self.restore) + 1
                 await self._republish()
             if not self.setup_restored:
                 await self.run_setup()
@@ -505,6 +512,10 @@ class Node:
                 self.log.warning("rounds %s: asked for peers and received nothing (peers refused or unreachable: "
                                  "a flood of connections, a network down); the run went on with its own model",
                                  self._rounds_alone())
+        except CheckpointError as exc:  # --resume with no usable checkpoint: the reason, no traceback
+            status, error, resume_failed = "failed", str(exc), True
+            goodbye = f"cannot resume: {exc}"
+            self.log.error("cannot resume: %s", exc)
         except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
             status = "failed"
             error = "".join(traceback.format_exception(exc))
@@ -522,9 +533,10 @@ class Node:
         await self.endpoint.close()
         result = self.result(status, error, time.perf_counter() - started)
         result["checkpoint"] = str(self.checkpoint_path)
-        if status != "failed" or not self.checkpoint_path.exists():
+        if not resume_failed and (status != "failed" or not self.checkpoint_path.exists()):
             # Again at exit, with the final byte totals (linger included); a failed round's
-            # half-trained model never replaces the last good checkpoint.
+            # half-trained model never replaces the last good checkpoint, and a resume that
+            # found none writes no round-0 one (the next --resume would silently start over).
             self.write_checkpoint()
         return result
 
@@ -558,6 +570,7 @@ class Node:
             "privacy": None if self.privacy is None else self.privacy.state_dict(),
             "rng": rng,
             "declared_sizes": dict(self.declared_sizes.pinned),
+            "restarts": list(self.restarts),
         }
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
@@ -616,6 +629,7 @@ class Node:
         self.ctx.rng.bit_generator.state = doc["rng"]["ctx"]
         self.participation_rng.bit_generator.state = doc["rng"]["participation"]
         self.declared_sizes = DeclaredSizes(doc.get("declared_sizes"))  # checkpoints made before it carry none
+        self.restarts = list(doc.get("restarts") or [])
         torch.set_rng_state(rng_state_from_hex(doc["rng"]["torch"]))
         if doc["rng"]["cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng_state_from_hex(doc["rng"]["cuda"]), self.device)
@@ -653,6 +667,7 @@ class Node:
             "final_test_acc_aggregated": last.get("test_acc_aggregated"),
             "final_epsilon": last.get("epsilon"),
             "rounds_alone": self._rounds_alone(),
+            "restarts": self.restarts,
             "totals": self.counter.totals(),
             "rejected": self.endpoint.rejections.summary(),
             "wall_s": wall_s,

@@ -373,7 +373,8 @@ def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_
 
 
 def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
-                      coordinator_address: str | None = None, overrides: Sequence[str] = ()) -> list[Path]:
+                      coordinator_address: str | None = None, overrides: Sequence[str] = (), *,
+                      force: bool = False) -> list[Path]:
     """The single-admin shortcut for a LAN deployment: every key, the shared roster and one
     config per node (and the coordinator), as the operator workflow would have them
     (`p2pfl keygen` on each host, one roster, one config per host). `addresses` are
@@ -391,6 +392,13 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
     hostports = dict(zip(ids, addresses))
     if with_coordinator:
         hostports[COORDINATOR_ID] = coordinator_address  # type: ignore[assignment]
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file; name the folder for the keys, the roster and the configs")
+    existing = sorted(p.name for p in out.glob("*.key")) if out.is_dir() else []
+    if existing and not force:
+        raise ConfigError("--out", f"{out} already holds keys ({', '.join(existing[:4])}{' ...' if len(existing) > 4 else ''}): "
+                                   "new ones would orphan every roster entry and checkpoint signed with them; "
+                                   "pass --force to replace them all")
     out.mkdir(parents=True, exist_ok=True)
     infos: dict[str, PeerInfo] = {}
     for nid, address in hostports.items():

@@ -279,6 +279,12 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")
     if s.get("nodes_failed"):
         lines.append(f"nodes that failed or ended isolated: {', '.join(s['nodes_failed'])}")
+    restarted = {n["id"]: [r.get("after_round") for r in n.get("restarts") or []] for n in results["nodes"]
+                 if n.get("restarts")}
+    if restarted:
+        lines.append("nodes resumed from a checkpoint (--resume): " + "; ".join(
+            f"{nid} after round{'s' if len(after) > 1 else ''} {', '.join(map(str, after))}"
+            for nid, after in restarted.items()))
     for warning in (download_warning(s["downloads"]), refusal_warning(s.get("peers_refused") or {}),
                     degraded_warning(s.get("nodes_degraded") or {})):
         if warning is not None:

@@ -1,0 +1,115 @@
+"""Issue 30's smaller findings (its point 13), each as it was found: a far-future version served
+as fresh, path-like key names, keys replaced silently, a resume with no checkpoint, a busy
+dashboard port, files named where folders belong."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from p2pfl.cli import main
+from p2pfl.models import part_state
+from p2pfl.runtime.placement import host_snapshot
+from p2pfl.runtime.strategy import Fetch
+from p2pfl.runtime.transport import free_ports
+from p2pfl.wire import NodeKey
+
+from .helpers import build_in_process, lone_node, write_tiny
+
+
+def test_a_served_version_past_the_last_round_is_refused_not_aggregated_as_fresh(tmp_path: Path) -> None:
+    """A peer serving version 2**62 was taken as the freshest model every round."""
+    nodes, _ = build_in_process(write_tiny(tmp_path, nodes=2, rounds=2, samples=40, timeout=3.0), tmp_path / "run")
+    victim, liar = nodes
+    got: list = []
+
+    async def scenario() -> None:
+        await liar.endpoint.start(liar.config.host, liar.config.port)
+        await victim.endpoint.start(victim.config.host, victim.config.port)
+        try:
+            await liar.endpoint.publish(2**62, 2**62, {"full": host_snapshot(part_state(liar.model, "full"))},
+                                        {"n_train": len(liar.data.train)})
+            victim.round, victim.refused = 1, {}
+            got.extend(await victim.gather([Fetch(liar.config.id, "full")], 1))
+        finally:
+            await victim.endpoint.close()
+            await liar.endpoint.close()
+
+    asyncio.run(scenario())
+    assert got == []
+    assert "served version 4611686018427387904" in victim.refused["node-1"]
+
+
+@pytest.mark.parametrize("node_id", ["../evil", "a/b", ".hidden", ""])
+def test_keygen_refuses_a_node_id_that_is_a_path(tmp_path: Path, node_id: str, capsys) -> None:
+    assert main(["keygen", node_id, "--out", str(tmp_path / "k")]) == 2
+    assert "is not a node id" in capsys.readouterr().err
+    assert not (tmp_path / "evil.key").exists() and not (tmp_path / "k").exists()
+
+
+def test_keygen_and_lan_name_a_file_given_as_out_and_lan_keeps_existing_keys(tmp_path: Path, capsys) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert main(["keygen", "node-0", "--out", str(a_file)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    scenario = write_tiny(tmp_path, nodes=2)
+    lan = tmp_path / "lan"
+    hosts = ["--hosts", "10.0.0.1:9000,10.0.0.2:9000", "--out", str(lan)]
+    assert main(["lan", str(scenario), *hosts]) == 0
+    keys = {p.name: p.read_bytes() for p in lan.glob("*.key")}
+    capsys.readouterr()
+    assert main(["lan", str(scenario), *hosts]) == 2  # before: every key replaced, silently
+    assert "already holds keys" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in lan.glob("*.key")} == keys
+    assert main(["lan", str(scenario), *hosts, "--force"]) == 0
+    assert {p.name: p.read_bytes() for p in lan.glob("*.key")} != keys
+
+
+def test_a_resume_without_a_checkpoint_fails_at_once_and_writes_none(tmp_path: Path) -> None:
+    """Before, it waited start_wait_s, failed with a traceback, and wrote a round-0 checkpoint,
+    so the next --resume silently started over."""
+    from p2pfl.assembly import assemble_node
+
+    node = lone_node(tmp_path, NodeKey.generate())
+    resumed = assemble_node(node.config, node.scenario, resume=True)
+    result = asyncio.run(asyncio.wait_for(resumed.run(), timeout=node.scenario.runtime.start_wait_s - 1))
+    assert result["status"] == "failed" and result["error"].startswith("--resume: no checkpoint at")
+    assert "Traceback" not in result["error"]
+    assert not resumed.checkpoint_path.exists()
+
+
+def test_a_busy_dashboard_port_is_a_config_error_not_a_traceback(tmp_path: Path, capsys) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        port = busy.getsockname()[1]
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / "scenario.json").write_text(json.dumps({"name": "t", "nodes": 1, "rounds": 1,
+                                                       "algorithm": {"name": "fedavg"}}))
+        assert main(["dashboard", str(run), "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error in --dashboard: cannot serve on 127.0.0.1:") and "Traceback" not in err
+    finally:
+        busy.close()
+
+
+def test_the_dashboard_serves_on_a_free_port(tmp_path: Path) -> None:
+    from p2pfl.report.dashboard import start_dashboard
+
+    async def scenario() -> int:
+        runner = await start_dashboard(tmp_path, port=free_ports(1, "127.0.0.1")[0])
+        try:
+            site = next(iter(runner.sites))
+            async with aiohttp.ClientSession() as session, session.get(f"{site.name}/api/state") as resp:
+                return resp.status
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == 200
