@@ -42,7 +42,7 @@ from p2pfl.runtime.safeguard import LocalReference
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.topology import Topology
-from p2pfl.runtime.transport import Endpoint
+from p2pfl.runtime.transport import Endpoint, ServerLimits
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
 from p2pfl.wire import NodeKey, Roster, WireLimits
@@ -99,6 +99,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         urls={pid: info.url for pid, info in infos.items()}, counter=counter,
         limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
         held_bytes=int(sc.runtime.held_mb * 2**20),
+        server_limits=ServerLimits(max_buffered_body_bytes=int(sc.runtime.buffered_mb * 2**20)),
         max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=logging.getLogger(f"p2pfl.{config.id}"),
         tls=server_context(key, config.id) if sc.runtime.tls else None,
         pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},

@@ -36,7 +36,7 @@ from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
-from p2pfl.runtime.transport import Endpoint
+from p2pfl.runtime.transport import Endpoint, ServerLimits
 from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Reply, Submission
 from p2pfl.runtime.transport_api import SETUP_PREFIX, Transport
 from p2pfl.scenario.schema import Scenario, load_scenario
@@ -92,6 +92,7 @@ class Coordinator:
             urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
             limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
             held_bytes=int(sc.runtime.held_mb * 2**20),
+            server_limits=ServerLimits(max_buffered_body_bytes=int(sc.runtime.buffered_mb * 2**20)),
             expected_for=lambda kind, part: self._declared(kind, "spec"),
             meta_schema_for=lambda kind, part: self._declared(kind, "meta"),
             on_message=self._on_submission, status=lambda: {"id": config.id, "round": self.round, "done": self.done},

@@ -135,6 +135,7 @@ class RuntimeSpec:
     # of the node's own part is refused.
     max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
     max_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
+    buffered_mb: float = 256.0        # bodies of pushes read at once, all senders together; beyond it: 429
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
@@ -154,6 +155,9 @@ class RuntimeSpec:
             raise ConfigError("runtime.start_wait_s", f"must be >= 0, got {self.start_wait_s}")
         if self.torch_threads < 1:
             raise ConfigError("runtime.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        if not self.buffered_mb >= self.message_limit_mb:
+            raise ConfigError("runtime.buffered_mb", f"must be >= runtime.message_limit_mb ({self.message_limit_mb}), "
+                                                     f"or no message of the largest size could be read; got {self.buffered_mb}")
         for name in ("max_weight_ratio", "max_norm_ratio"):
             if not getattr(self, name) >= 1:
                 raise ConfigError(f"runtime.{name}", f"must be >= 1 (a bound on a peer's claim relative to this "
@@ -166,7 +170,7 @@ class RuntimeSpec:
 # Runtime fields added after runs were published: at these values they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
 RUNTIME_ADDED_DEFAULTS: dict[str, Any] = {"max_weight_ratio": DEFAULT_MAX_WEIGHT_RATIO,
-                                          "max_norm_ratio": DEFAULT_MAX_NORM_RATIO}
+                                          "max_norm_ratio": DEFAULT_MAX_NORM_RATIO, "buffered_mb": 256.0}
 
 
 @dataclass(frozen=True)
