@@ -179,12 +179,12 @@ class Node:
         tensors = message.torch_tensors()
         meta = dict(h.meta)
         runtime = self.scenario.runtime
-        if h.sender != COORDINATOR_ID and "n_train" in meta:
-            self.declared_sizes.check(h.sender, int(meta["n_train"]))
-            meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), runtime.max_weight_ratio)
-        if h.part not in self.extra:  # the strategy's extra parts travel at full precision
-            tensors = dequantize(tensors, self.specs[h.part], self.precision)
+        if h.part not in self.extra:  # a model part; the strategy's extra parts (setup steps, statistics) are its own
+            tensors = dequantize(tensors, self.specs[h.part], self.precision)  # extra parts travel at full precision
             check_magnitude(h.sender, h.part, tensors, part_state(self.model, h.part), runtime.max_norm_ratio)
+            if h.sender != COORDINATOR_ID and "n_train" in meta:
+                self.declared_sizes.check(h.sender, int(meta["n_train"]))
+                meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), runtime.max_weight_ratio)
         return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
 
     def _refuse(self, sender: str, exc: ClaimRefused) -> None:
@@ -232,7 +232,8 @@ class Node:
             if message.header.version < round_ and not self.scenario.runtime.accept_stale:
                 return None
             try:
-                if message.header.version > self.scenario.rounds:  # no honest peer publishes past the last round
+                if fetch.part in self.specs and message.header.version > self.scenario.rounds:
+                    # No honest peer publishes a round's model past the last round (setup parts count steps).
                     raise ClaimRefused(f"{fetch.peer} served version {message.header.version} of "
                                        f"{fetch.part}; the run has {self.scenario.rounds} rounds")
                 return self._peer_model(message)
