@@ -38,7 +38,8 @@ from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import ENDED_BADLY, Node, NodeParts, RoundCallback
 from p2pfl.runtime.placement import data_to_device, node_device
 from p2pfl.runtime.run_folder import RunFolder
-from p2pfl.runtime.safeguard import LocalReference
+from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
+from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.topology import Topology
@@ -74,9 +75,10 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     data = data_to_device(data, device)
     torch.manual_seed(sc.seed + sc.train.seed_offset)  # the same initial model on every node, as FedAvg assumes
     model = build_model(sc.model.name, partition.in_channels, partition.image_size, partition.num_classes).to(device)
-    local_reference = None
+    safeguard: Safeguard = MixSafeguard() if sc.algorithm.safeguard == "mix" else Safeguard()
     if sc.algorithm.safeguard == "local":  # Local's initial model and draws, without privacy: it is never shared
-        local_reference = LocalReference(copy.deepcopy(model), LocalTrainer(sc.train, device=device, seed=seed))
+        safeguard = LocalSafeguard(LocalReference(copy.deepcopy(model), LocalTrainer(sc.train, device=device, seed=seed)),
+                                   sc.algorithm.safeguard_level or DEFAULT_LEVEL)
     privacy = build_privacy(sc.privacy, n_train=len(data.train), batch_size=sc.train.batch_size,
                             epochs=sc.train.epochs, rounds=sc.rounds, seed=seed)
     if privacy is not None:
@@ -109,9 +111,21 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         strategy=build_strategy(sc.algorithm.name, sc.algorithm.params),
         fresh_strategy=lambda: build_strategy(sc.algorithm.name, sc.algorithm.params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
-        local_reference=local_reference,
+        safeguard=safeguard,
     )
-    return Node(config, sc, parts, resume=resume, on_round=on_round)
+    return Node(config, node_settings(sc), parts, resume=resume, on_round=on_round)
+
+
+def node_settings(sc: Scenario) -> NodeSettings:
+    """What a node's loop reads of the scenario (`p2pfl.runtime.settings`)."""
+    rt = sc.runtime
+    return NodeSettings(
+        algorithm=sc.algorithm.name, rounds=sc.rounds, seed=sc.seed, fetch_timeout_s=rt.fetch_timeout_s,
+        coordinator_wait_s=rt.coordinator_wait_s, setup_wait_s=rt.setup_wait_s, start_wait_s=rt.start_wait_s,
+        linger_s=rt.linger_s, participation=rt.participation, accept_stale=rt.accept_stale,
+        wire_precision=rt.wire_precision, max_weight_ratio=rt.max_weight_ratio, max_norm_ratio=rt.max_norm_ratio,
+        resolved=sc.to_dict(),
+    )
 
 
 async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
@@ -138,7 +152,7 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
                              on_round=recorded)
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
-            folder.scenario.write_text(json.dumps(node.scenario.to_dict(), indent=2))
+            folder.scenario.write_text(json.dumps(node.settings.resolved, indent=2))
         result = await node.run()
         folder.write_result(config.id, result)
         return result

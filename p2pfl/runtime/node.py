@@ -15,8 +15,8 @@ import math
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,21 +38,16 @@ from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.peer_claims import ClaimRefused, DeclaredSizes, capped_size, check_magnitude
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
-from p2pfl.runtime.safeguard import (DEFAULT_LEVEL, LocalReference, SafeguardChoice, disagreements, evidence_z, mix,
-                                     prefer_federated)
-from p2pfl.runtime.safeguard import choose as choose_mix
+from p2pfl.runtime.safeguard import Deployment, Safeguard
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
+from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.transport_api import Transport
-from p2pfl.training import LocalTrainer, correct_per_sample, rng_state_from_hex, rng_state_hex
+from p2pfl.training import LocalTrainer, rng_state_from_hex, rng_state_hex
 from p2pfl.wire import Message, NodeKey
 
-if TYPE_CHECKING:
-    from p2pfl.scenario.schema import Scenario
-
 PEER_PARTS = ("body", "head", "full")
-LOCAL_REFERENCE_PREFIX = "local_reference/"  # its tensors' names in a checkpoint
 WARN_EVERY = 5  # rounds between two warnings about the same silent peer
 ENDED_BADLY = ("failed", "isolated")  # statuses that make the node's process exit non-zero
 
@@ -82,16 +77,7 @@ class NodeParts:
     counter: ByteCounter
     neighbours: tuple[str, ...]             # whom this node fetches from and waits for (runtime.topology)
     seed: int
-    local_reference: LocalReference | None = None  # with algorithm.safeguard = "local"
-
-
-@dataclass(frozen=True)
-class Deployment:
-    kept_local: bool  # the Local model (algorithm.safeguard = "local") instead of the federated one
-    acc: float        # test accuracy of the deployed model
-    loss: float
-    local_acc: float | None = None  # the Local model's, when there is one
-    evidence: tuple[int, int] | None = None  # the federated model's validation (wins, losses) against Local
+    safeguard: Safeguard = field(default_factory=Safeguard)  # algorithm.safeguard: none, MixSafeguard, LocalSafeguard
 
 
 class Node:
@@ -101,10 +87,10 @@ class Node:
     result. Whoever hosts the node decides where they go (`p2pfl.assembly`).
     """
 
-    def __init__(self, config: NodeConfig, scenario: Scenario, parts: NodeParts, *, resume: bool = False,
+    def __init__(self, config: NodeConfig, settings: NodeSettings, parts: NodeParts, *, resume: bool = False,
                  on_round: RoundCallback | None = None) -> None:
         self.config = config
-        self.scenario = scenario
+        self.settings = settings
         self.resume = resume
         self.on_round = on_round or (lambda _: None)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
@@ -112,11 +98,11 @@ class Node:
         self.trainer, self.strategy, self.privacy = parts.trainer, parts.strategy, parts.privacy
         self.fresh_strategy, self.attack, self.key = parts.fresh_strategy, parts.attack, parts.key
         self.counter, self.neighbours = parts.counter, parts.neighbours
-        self.local_reference = parts.local_reference
+        self.safeguard = parts.safeguard
         self.specs = {part: part_spec(self.model, part) for part in PEER_PARTS}
         # Parts besides the model's own (the coordinator's replies, setup parts), as the strategy declares them.
         self.extra: dict[str, PartDecl] = self.strategy.extra_parts(self.model)
-        self.precision = scenario.runtime.wire_precision
+        self.precision = settings.wire_precision
         self.round = 0
         self.done = False
         # (peer, part) -> the push that may answer this round's fetch of it, while gather waits.
@@ -127,10 +113,10 @@ class Node:
         self.folder = RunFolder(config.out)
         self.artefacts = ArtefactSink(config.id, self.folder.artefacts)
         self.ctx = RoundContext(
-            node_id=config.id, round=0, rounds=scenario.rounds, peers=self.neighbours, model=self.model,
+            node_id=config.id, round=0, rounds=settings.rounds, peers=self.neighbours, model=self.model,
             data=self.data, trainer=self.trainer, rng=np.random.default_rng(parts.seed), artefacts=self.artefacts,
             log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
-            seed=scenario.seed,
+            seed=settings.seed,
         )
         self.setup_record: dict[str, Any] | None = None
         self.setup_restored = False
@@ -178,13 +164,13 @@ class Node:
         h = message.header
         tensors = message.torch_tensors()
         meta = dict(h.meta)
-        runtime = self.scenario.runtime
+        settings = self.settings
         if h.part not in self.extra:  # a model part; the strategy's extra parts (setup steps, statistics) are its own
             tensors = dequantize(tensors, self.specs[h.part], self.precision)  # extra parts travel at full precision
-            check_magnitude(h.sender, h.part, tensors, part_state(self.model, h.part), runtime.max_norm_ratio)
+            check_magnitude(h.sender, h.part, tensors, part_state(self.model, h.part), settings.max_norm_ratio)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
                 self.declared_sizes.check(h.sender, int(meta["n_train"]))
-                meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), runtime.max_weight_ratio)
+                meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), settings.max_weight_ratio)
         return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
 
     def _refuse(self, sender: str, exc: ClaimRefused) -> None:
@@ -203,7 +189,7 @@ class Node:
     async def gather(self, fetches: list[Fetch], round_: int, wait: float | None = None) -> list[PeerModel]:
         """`wait`: the longest wait for each fetch (default: fetch_timeout_s for a peer,
         coordinator_wait_s for the coordinator)."""
-        timeout = self.scenario.runtime.fetch_timeout_s
+        timeout = self.settings.fetch_timeout_s
         loop = asyncio.get_running_loop()
         self.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in self.endpoint.peers}
 
@@ -216,7 +202,7 @@ class Node:
                 # quick probe instead of fetch_timeout_s in every later round.
                 return None
             longest = wait if wait is not None else (
-                self.scenario.runtime.coordinator_wait_s if fetch.peer == COORDINATOR_ID else timeout)
+                self.settings.coordinator_wait_s if fetch.peer == COORDINATOR_ID else timeout)
             fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, round_, longest))
             pushed = self.awaiting[(fetch.peer, fetch.part)]
             try:
@@ -229,13 +215,13 @@ class Node:
             message = fetched.result()
             if message is None:
                 return None
-            if message.header.version < round_ and not self.scenario.runtime.accept_stale:
+            if message.header.version < round_ and not self.settings.accept_stale:
                 return None
             try:
-                if fetch.part in self.specs and message.header.version > self.scenario.rounds:
+                if fetch.part in self.specs and message.header.version > self.settings.rounds:
                     # No honest peer publishes a round's model past the last round (setup parts count steps).
                     raise ClaimRefused(f"{fetch.peer} served version {message.header.version} of "
-                                       f"{fetch.part}; the run has {self.scenario.rounds} rounds")
+                                       f"{fetch.part}; the run has {self.settings.rounds} rounds")
                 return self._peer_model(message)
             except ClaimRefused as exc:
                 self._refuse(fetch.peer, exc)
@@ -258,7 +244,7 @@ class Node:
         return arrived
 
     async def send_pushes(self, pushes: list[Push], round_: int) -> None:
-        timeout = self.scenario.runtime.fetch_timeout_s
+        timeout = self.settings.fetch_timeout_s
         await asyncio.gather(*(
             self.endpoint.push(
                 p.target, kind=p.kind, part=p.part, round_=round_, version=round_,
@@ -298,9 +284,9 @@ class Node:
         if self.privacy is not None:
             self.privacy.before_publish(self.model, ctx.round_start)
         epsilon = epsilon_for_json(None if self.privacy is None else self.privacy.epsilon())
-        if self.local_reference is not None:
+        if self.safeguard.trains:
             clock.switch("train")
-            await asyncio.to_thread(self.local_reference.fit, self.data.train)
+            await asyncio.to_thread(self.safeguard.after_train, self.data.train)
         clock.switch("evaluate")
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
         val_acc = self._val_acc()
@@ -325,9 +311,10 @@ class Node:
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
         refused = self._refuse_non_finite(before)
-        safeguard = None
-        if self.scenario.algorithm.safeguard == "mix" and refused is None:
-            safeguard = await asyncio.to_thread(self._safeguard, before)
+        safeguard_record: dict[str, Any] = {}
+        if refused is None:
+            safeguard_record = await asyncio.to_thread(self.safeguard.after_aggregate, self.model, before,
+                                                       lambda model: self.trainer.evaluate(model, self.data.val))
         clock.switch("evaluate")
         if all(torch.equal(v, before[k]) for k, v in self.model.state_dict().items()):
             # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
@@ -367,12 +354,10 @@ class Node:
             record["peers_refused"] = dict(self.refused)
         if refused is not None:
             record["aggregate_refused"] = refused
-        if safeguard is not None:
-            record["safeguard_kept_own"] = safeguard.kept_own
-            record["safeguard_weight"] = safeguard.weight
-        record.update(self._deployment_record(test_acc, acc_agg, deployed_trained, deployed_aggregated))
+        record.update(safeguard_record)
+        record.update(self.safeguard.round_record(test_acc, acc_agg, deployed_trained, deployed_aggregated))
         self.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
-                      r, self.scenario.rounds, test_acc, acc_agg, len(set(record["arrived"])), record["asked"],
+                      r, self.settings.rounds, test_acc, acc_agg, len(set(record["arrived"])), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
         return record
 
@@ -382,43 +367,9 @@ class Node:
             return None
         return self.trainer.evaluate(self.model, self.data.val)[0]
 
-    def _safeguard(self, own: dict[str, torch.Tensor]) -> SafeguardChoice:
-        """Keep the mix of the own trained model and the aggregate that scores best on the
-        validation split (see `p2pfl.runtime.safeguard`)."""
-        aggregate = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-
-        def score(state: Mapping[str, torch.Tensor]) -> tuple[float, float]:
-            self.model.load_state_dict(state)
-            return self.trainer.evaluate(self.model, self.data.val)
-
-        choice = choose_mix(own, aggregate, score)
-        self.model.load_state_dict(mix(own, aggregate, choice.weight))
-        return choice
-
     def _deploy(self, federated_acc: float, federated_loss: float) -> Deployment:
-        """Which model the node deploys now, and its test score: the federated model as it is,
-        or with `algorithm.safeguard = "local"` the node's Local model unless the validation
-        split shows the federated one is better (`p2pfl.runtime.safeguard.prefer_federated`)."""
-        if self.local_reference is None:
-            return Deployment(False, federated_acc, federated_loss)
-        local = self.local_reference.scores(self.data.test, self.data.val)
-        evidence = disagreements(correct_per_sample(self.model, self.data.val), local.val_correct)
-        level = self.scenario.algorithm.safeguard_level or DEFAULT_LEVEL
-        if prefer_federated(*evidence, z=evidence_z(level)):
-            return Deployment(False, federated_acc, federated_loss, local.test_acc, evidence)
-        return Deployment(True, local.test_acc, local.test_loss, local.test_acc, evidence)
-
-    def _deployment_record(self, federated_acc: float, federated_acc_aggregated: float, trained: Deployment,
-                           aggregated: Deployment) -> dict[str, Any]:
-        """With `algorithm.safeguard = "local"`, what each model scored besides the one deployed,
-        and the validation evidence (wins, losses), so that another level can be judged from the
-        records; {} without it."""
-        if self.local_reference is None:
-            return {}
-        return {"test_acc_federated": federated_acc, "test_acc_federated_aggregated": federated_acc_aggregated,
-                "test_acc_local": trained.local_acc, "safeguard_kept_own_trained": trained.kept_local,
-                "safeguard_kept_own": aggregated.kept_local, "safeguard_evidence_trained": trained.evidence,
-                "safeguard_evidence": aggregated.evidence}
+        """Which model the node deploys now, and its test score (`p2pfl.runtime.safeguard`)."""
+        return self.safeguard.deploy(self.model, self.data.test, self.data.val, federated_acc, federated_loss)
 
     def _warn_silent(self, r: int, silent: set[str]) -> set[str]:
         """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY
@@ -444,7 +395,7 @@ class Node:
         test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
         val_acc = self._val_acc()
         deployed = self._deploy(test_acc, test_loss)
-        scores = self._deployment_record(test_acc, test_acc, deployed, deployed)
+        scores = self.safeguard.round_record(test_acc, test_acc, deployed, deployed)
         time_record = clock.stop()
         return {
             "round": r, "participated": False, "test_acc": deployed.acc, "test_loss": deployed.loss,
@@ -467,9 +418,9 @@ class Node:
         return reason
 
     async def run(self) -> dict[str, Any]:
-        cfg, sc = self.config, self.scenario
+        cfg, sc = self.config, self.settings
         await self.endpoint.start(cfg.host, cfg.port)
-        self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm.name)
+        self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
         started = time.perf_counter()
         status = "ok"
         error = None
@@ -483,9 +434,9 @@ class Node:
             # Not a barrier: a node starts once its peers are up or start_wait_s has passed, so
             # that peers still starting (importing torch) do not slow its first round.
             awaited = set(self.neighbours) | ({COORDINATOR_ID} if cfg.coordinator is not None else set())
-            silent = await self.endpoint.wait_until_up(awaited, sc.runtime.start_wait_s)
+            silent = await self.endpoint.wait_until_up(awaited, sc.start_wait_s)
             if silent:
-                self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.runtime.start_wait_s)
+                self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
             if self.resume:
                 await self._republish()
             if not self.setup_restored:
@@ -499,7 +450,7 @@ class Node:
                     )
                     goodbye = f"privacy budget exhausted before round {r}"
                     break
-                takes_part = sc.runtime.participation >= 1 or self.participation_rng.random() < sc.runtime.participation
+                takes_part = sc.participation >= 1 or self.participation_rng.random() < sc.participation
                 record = await (self.run_round(r) if takes_part else self.sit_out(r))
                 self.rounds.append(record)
                 await asyncio.to_thread(self.write_checkpoint)
@@ -528,7 +479,7 @@ class Node:
             await self.endpoint.withdraw()
             await self.endpoint.say_goodbye(sorted(self.endpoint.peers), goodbye)
         else:
-            await self.endpoint.linger(set(self.neighbours), self.scenario.runtime.linger_s)
+            await self.endpoint.linger(set(self.neighbours), self.settings.linger_s)
         # Closed before the result is taken, so that every message the node answered (and
         # every rejection) is in it.
         await self.endpoint.close()
@@ -561,10 +512,9 @@ class Node:
             "torch": rng_state_hex(torch.get_rng_state()),
             "cuda": rng_state_hex(torch.cuda.get_rng_state(self.device)) if self.device.type == "cuda" else None,
         }
-        if self.local_reference is not None:
-            rng["local_reference"] = rng_state_hex(self.local_reference.trainer.generator.get_state())
+        rng.update(self.safeguard.rng_state())
         return {
-            **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
+            **run_state(self.config.id, self.settings.resolved, self.rounds, self.endpoint.replay, self.counter.totals()),
             "strategy": self.strategy.state_dict(),
             # What setup produced lives in the strategy's state; a resumed node does not set up again.
             "setup": self.setup_record,
@@ -575,18 +525,12 @@ class Node:
         }
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """The model's tensors, and the Local reference's under LOCAL_REFERENCE_PREFIX."""
-        tensors = dict(self.model.state_dict())
-        if self.local_reference is not None:
-            tensors.update({LOCAL_REFERENCE_PREFIX + k: v for k, v in self.local_reference.model.state_dict().items()})
-        return tensors
+        """The model's tensors, and the safeguard's (its Local model's, under their own prefix)."""
+        return {**self.model.state_dict(), **self.safeguard.checkpoint_tensors()}
 
     def checkpoint_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """Names, shapes and dtypes of `checkpoint_tensors`, to check a checkpoint before loading it."""
-        spec = part_spec(self.model, "full")
-        if self.local_reference is not None:
-            spec.update({LOCAL_REFERENCE_PREFIX + k: v for k, v in part_spec(self.local_reference.model, "full").items()})
-        return spec
+        return {**part_spec(self.model, "full"), **self.safeguard.checkpoint_spec()}
 
     def write_checkpoint(self) -> None:
         save_checkpoint(self.checkpoint_path, self.checkpoint_tensors(), key=self.key, node_id=self.config.id,
@@ -604,7 +548,7 @@ class Node:
         anything is applied: a corrupt, foreign or other-scenario checkpoint raises CheckpointError."""
         path, cfg = self.checkpoint_path, self.config
         tensors, doc = read_resumable(path, node_id=cfg.id, public_hex=self.key.public_hex,
-                                      scenario=self.scenario.to_dict(), rounds=self.scenario.rounds,
+                                      scenario=self.settings.resolved, rounds=self.settings.rounds,
                                       spec=self.checkpoint_spec())
         rounds = doc["rounds"]
         strategy = self.fresh_strategy()
@@ -613,17 +557,13 @@ class Node:
             rng = np.random.default_rng()
             rng.bit_generator.state = doc["rng"]["ctx"]
             rng.bit_generator.state = doc["rng"]["participation"]
-            if self.local_reference is not None:
-                rng_state_from_hex(doc["rng"]["local_reference"])
+            self.safeguard.check_restorable(doc["rng"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {path}: state does not fit {self.scenario.algorithm.name}: {exc!r}") from None
+            raise CheckpointError(f"checkpoint {path}: state does not fit {self.settings.algorithm}: {exc!r}") from None
         self.strategy.load_state_dict(doc["strategy"])
-        self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items() if not k.startswith(LOCAL_REFERENCE_PREFIX)})
-        if self.local_reference is not None:
-            n = len(LOCAL_REFERENCE_PREFIX)
-            self.local_reference.load_state_dict(
-                {k[n:]: v.to(self.device) for k, v in tensors.items() if k.startswith(LOCAL_REFERENCE_PREFIX)})
-            self.local_reference.trainer.generator.set_state(rng_state_from_hex(doc["rng"]["local_reference"]))
+        own = self.model.state_dict()
+        self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items() if k in own})
+        self.safeguard.restore({k: v for k, v in tensors.items() if k not in own}, doc["rng"], self.device)
         if self.privacy is not None:
             self.privacy.load_state_dict(doc["privacy"])
         self.trainer.generator.set_state(rng_state_from_hex(doc["rng"]["trainer"]))
@@ -691,7 +631,7 @@ class NodeSetupExchange:
         self._run(self.node.endpoint.publish(step, 0, snapshot, meta))
 
     def push(self, step: int, pushes: Any) -> None:
-        timeout = self.node.scenario.runtime.fetch_timeout_s
+        timeout = self.node.settings.fetch_timeout_s
 
         async def send() -> list[bool]:
             return await asyncio.gather(*(
@@ -707,7 +647,7 @@ class NodeSetupExchange:
     def fetch(self, step: int, fetches: Any) -> list[PeerModel]:
         """Waits up to setup_wait_s: a step may need many earlier ones (other nodes' training) first."""
         named = [Fetch(f.peer, setup_part(f.part)) for f in fetches]
-        return self._run(self.node.gather(named, step, wait=self.node.scenario.runtime.setup_wait_s))
+        return self._run(self.node.gather(named, step, wait=self.node.settings.setup_wait_s))
 
 
 def epsilon_for_json(epsilon: float | None) -> float | str | None:

@@ -41,7 +41,7 @@ def part_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     """The L2 norm over every floating tensor, in float64 (float32 squares overflow past 1.8e19)."""
     total = 0.0
     for t in tensors.values():
-        if t.is_floating_point() and t.numel():
+        if t.is_floating_point() and t.numel() and not t.is_meta:  # a meta tensor holds no values
             total += float(torch.linalg.vector_norm(t.detach().to(torch.float64)) ** 2)
     return math.sqrt(total)
 

@@ -54,6 +54,13 @@ def write_tiny(tmp: Path, *, nodes: int = 3, rounds: int = 2, samples: int = 60,
     return path
 
 
+def scenario_of(node: Node) -> Any:
+    """The resolved scenario a node was built from (the node itself holds only its settings)."""
+    from p2pfl.scenario.schema import scenario_from_dict
+
+    return scenario_from_dict(node.settings.resolved)
+
+
 def build_in_process(scenario_path: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple[list[Node], Coordinator | None]:
     """Every node (and the coordinator) of a scenario as objects of this process, ready to `run()`."""
     from p2pfl.coordinator.service import Coordinator

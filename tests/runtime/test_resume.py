@@ -14,11 +14,12 @@ import torch
 from p2pfl.assembly import PROGRESS_PREFIX, assemble_node
 from p2pfl.runtime.checkpoint import CheckpointError
 from p2pfl.runtime.node import Node
+from p2pfl.runtime.safeguard import LocalSafeguard
 from p2pfl.scenario.launcher import run_scenario, write_run_folder
 from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import NodeKey
 
-from .helpers import build_in_process, run_in_process, write_tiny
+from .helpers import build_in_process, run_in_process, scenario_of, write_tiny
 
 
 def _pfedsv_nodes(tmp_path: Path, name: str = "run", **over) -> list[Node]:
@@ -32,7 +33,7 @@ def test_a_restored_node_is_the_node_that_wrote_the_checkpoint(tmp_path: Path) -
     nodes = _pfedsv_nodes(tmp_path)
     run_in_process(nodes, None)
     original = nodes[0]
-    clone = assemble_node(original.config, original.scenario, resume=True)
+    clone = assemble_node(original.config, scenario_of(original), resume=True)
     assert clone.restore() == 2
     assert clone.strategy.state_dict() == original.strategy.state_dict()
     assert clone.privacy.state_dict() == original.privacy.state_dict()  # type: ignore[union-attr]
@@ -52,12 +53,12 @@ def test_a_restored_node_has_its_local_reference_back(tmp_path: Path) -> None:
     nodes, _ = build_in_process(path, tmp_path / "run", ('algorithm.safeguard="local"',))
     run_in_process(nodes, None)
     original = nodes[0]
-    clone = assemble_node(original.config, original.scenario, resume=True)
+    clone = assemble_node(original.config, scenario_of(original), resume=True)
     assert clone.restore() == 2
-    assert original.local_reference is not None and clone.local_reference is not None
+    assert isinstance(original.safeguard, LocalSafeguard) and isinstance(clone.safeguard, LocalSafeguard)
     for k, v in original.model.state_dict().items():
         assert torch.equal(clone.model.state_dict()[k], v), k
-    local, restored = original.local_reference, clone.local_reference
+    local, restored = original.safeguard.reference, clone.safeguard.reference
     assert not all(torch.equal(local.model.state_dict()[k], v) for k, v in original.model.state_dict().items())
     for k, v in local.model.state_dict().items():
         assert torch.equal(restored.model.state_dict()[k], v), k
@@ -72,7 +73,7 @@ def test_bad_checkpoints_are_refused_and_nothing_is_loaded(tmp_path: Path) -> No
     good = path.read_bytes()
 
     def refused(match: str, scenario=None) -> None:
-        fresh = assemble_node(node.config, scenario or node.scenario, resume=True)
+        fresh = assemble_node(node.config, scenario or scenario_of(node), resume=True)
         before = {k: v.clone() for k, v in fresh.model.state_dict().items()}
         with pytest.raises(CheckpointError, match=match):
             fresh.restore()
@@ -158,6 +159,6 @@ def test_the_coordinator_resumes_with_its_model_and_aggregator_state(tmp_path: P
     for k, v in coordinator.model.state_dict().items():
         assert torch.equal(clone.model.state_dict()[k], v), k
     # And a node of that run checkpointed its DI/GA statistics for its own resume.
-    node = assemble_node(nodes[0].config, nodes[0].scenario, resume=True)
+    node = assemble_node(nodes[0].config, scenario_of(nodes[0]), resume=True)
     node.restore()
     assert node.strategy.state_dict() == nodes[0].strategy.state_dict()

@@ -19,7 +19,7 @@ from p2pfl.runtime.strategy import Fetch
 from p2pfl.runtime.transport import free_ports
 from p2pfl.wire import NodeKey
 
-from .helpers import build_in_process, lone_node, write_tiny
+from .helpers import build_in_process, lone_node, scenario_of, write_tiny
 
 
 def test_a_served_version_past_the_last_round_is_refused_not_aggregated_as_fresh(tmp_path: Path) -> None:
@@ -76,8 +76,8 @@ def test_a_resume_without_a_checkpoint_fails_at_once_and_writes_none(tmp_path: P
     from p2pfl.assembly import assemble_node
 
     node = lone_node(tmp_path, NodeKey.generate())
-    resumed = assemble_node(node.config, node.scenario, resume=True)
-    result = asyncio.run(asyncio.wait_for(resumed.run(), timeout=node.scenario.runtime.start_wait_s - 1))
+    resumed = assemble_node(node.config, scenario_of(node), resume=True)
+    result = asyncio.run(asyncio.wait_for(resumed.run(), timeout=node.settings.start_wait_s - 1))
     assert result["status"] == "failed" and result["error"].startswith("--resume: no checkpoint at")
     assert "Traceback" not in result["error"]
     assert not resumed.checkpoint_path.exists()

@@ -18,7 +18,7 @@ from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.scenario.results import build_results, download_health, format_summary
 from p2pfl.wire import NodeKey
 
-from .helpers import lone_node
+from .helpers import lone_node, scenario_of
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +45,7 @@ def test_a_node_whose_peers_are_all_down_ends_isolated(tmp_path: Path, caplog: p
     written = RunFolder(tmp_path / "run").node_result("node-0")
     written.parent.mkdir(parents=True, exist_ok=True)
     written.write_text(json.dumps(result))
-    results = build_results(node.scenario, tmp_path / "run", {"node-0": 1, "node-1": 1}, 1.0, {})
+    results = build_results(scenario_of(node), tmp_path / "run", {"node-0": 1, "node-1": 1}, 1.0, {})
     assert "node-0" in results["summary"]["nodes_failed"]
     assert [r["unanswered"] for r in result["rounds"]] == [1, 1]
     downloads = download_health([result])

@@ -1,0 +1,30 @@
+"""What a node's loop reads of the scenario, as one frozen object.
+
+`p2pfl.assembly` builds it from the resolved scenario; the runtime never sees a `Scenario`, so
+nothing below the scenario layer depends on the schema's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    algorithm: str                  # its name, for logs and errors
+    rounds: int
+    seed: int
+    fetch_timeout_s: float          # longest wait for a peer's version of a round
+    coordinator_wait_s: float       # longest wait for the coordinator's reply to a round
+    setup_wait_s: float             # longest wait for a step of the exchange before round 1
+    start_wait_s: float             # before round 1, the longest wait for every peer to be up
+    linger_s: float                 # keep serving after the last round until peers are done
+    participation: float            # chance of taking part in a round
+    accept_stale: bool              # use a peer's older version when the wanted one is late
+    wire_precision: str
+    max_weight_ratio: float         # p2pfl.runtime.peer_claims
+    max_norm_ratio: float
+    # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
+    resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)
