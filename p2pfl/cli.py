@@ -251,9 +251,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides = list(args.overrides)
         if args.ray is not None:
             overrides += ['runtime.placement="ray"', f"runtime.ray_address={json.dumps(args.ray)}"]
+        live_view = None
+        if args.dashboard is not None:  # the report layer (and its plotting) only when asked for
+            from p2pfl.report.dashboard import live_dashboard
+
+            live_view = live_dashboard(args.dashboard)
         _, code = run_scenario(args.scenario, args.out, overrides, progress=not args.no_progress,
-                               timeout_s=args.timeout, force=args.force, resume=args.resume,
-                               dashboard_port=args.dashboard)
+                               timeout_s=args.timeout, force=args.force, resume=args.resume, live_view=live_view)
         return code
     if args.command == "dashboard":
         from p2pfl.report.dashboard import serve_dashboard

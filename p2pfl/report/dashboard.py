@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -128,6 +131,21 @@ async def start_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 80
         raise ConfigError("--dashboard", f"cannot serve on {host}:{port}: {exc.strerror or exc}; "
                                          "pick another port") from None
     return runner
+
+
+def live_dashboard(port: int, host: str = "127.0.0.1") -> Callable[[Path], AbstractAsyncContextManager[None]]:
+    """The dashboard as a run's live view (`run_scenario(..., live_view=live_dashboard(8050))`):
+    served on `port` while the run goes on."""
+    @asynccontextmanager
+    async def serving(run_dir: Path) -> AsyncIterator[None]:
+        runner = await start_dashboard(run_dir, host, port)
+        print(f"dashboard: http://{host}:{port}/", file=sys.stderr, flush=True)
+        try:
+            yield
+        finally:
+            await runner.cleanup()
+
+    return serving
 
 
 def serve_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 8050) -> None:

@@ -372,7 +372,7 @@ def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any]
     """The results.json `--reuse` takes for one run, or None where there is none or where a node
     of it failed (a run cut short runs again); a run of another scenario, or made on other data,
     is refused (ConfigError on `--reuse`)."""
-    from p2pfl.scenario.launcher import scenario_data_fingerprint
+    from p2pfl.scenario.results import scenario_data_fingerprint
 
     if not RunFolder(run_dir).results.is_file():
         return None

@@ -8,6 +8,7 @@ progress bar of rounds done across nodes, collects each node's result into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -23,18 +24,17 @@ from tqdm import tqdm
 
 from p2pfl.algorithms import needs_coordinator as algorithm_needs_coordinator
 from p2pfl.assembly import PROGRESS_PREFIX
-from p2pfl.data import build_partition, data_fingerprint
+from p2pfl.data import build_partition
 from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, PeerInfo, load_node_config, node_ids
 from p2pfl.runtime.roster import ROSTER_FILE, write_roster
-from p2pfl.runtime.run_folder import RunFolder, load_artefacts, write_json_atomic
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
-from p2pfl.scenario.relevance import score_run
-from p2pfl.scenario.results import STOPPED, build_results, format_summary
+from p2pfl.scenario.results import STOPPED, format_summary, write_results
 from p2pfl.scenario.schema import Scenario, load_scenario, scenario_differences
 from p2pfl.wire import NodeKey
 
@@ -105,17 +105,16 @@ def _process_plan(scenario: Scenario, node_paths: list[Path]) -> dict[str, list[
     return {f"worker-{w}": node_paths[w::workers] for w in range(workers)}
 
 
-def scenario_data_fingerprint(scenario: Scenario) -> dict[str, str]:
-    """What the scenario's data depends on on this machine (p2pfl.data.data_fingerprint)."""
-    return data_fingerprint(scenario.data.resolved_domains()) if scenario.data.dataset == "digits" else {}
-
-
 async def _spawn(args: Sequence[str], log_path: Path, threads: int) -> asyncio.subprocess.Process:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=open(log_path, "ab"), env=env,
     )
 
+
+# A live view of a run folder while the run goes on (the dashboard, handed down by the CLI or the
+# API, so that launching never imports the report layer): entered before the nodes start, left after.
+LiveView = Callable[[Path], contextlib.AbstractAsyncContextManager[Any]]
 
 Hosts = dict[str, tuple[list[str], Awaitable[dict[str, int]]]]  # host name -> its node ids, and their exit statuses
 
@@ -171,14 +170,10 @@ def _hosts_on_ray(workers: RayWorkers, out: Path, resume: bool, bar: tqdm) -> tu
 
 async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
                      progress: bool, timeout_s: float | None, resume: bool = False,
-                     ray_workers: RayWorkers | None = None, dashboard_port: int | None = None) -> dict[str, int]:
+                     ray_workers: RayWorkers | None = None, live_view: LiveView | None = None) -> dict[str, int]:
     """Run the coordinator (as a process here) and the nodes in their placement; node id -> exit status."""
-    dashboard = None
-    if dashboard_port is not None:
-        from p2pfl.report.dashboard import start_dashboard
-
-        dashboard = await start_dashboard(out, port=dashboard_port)
-        print(f"dashboard: http://127.0.0.1:{dashboard_port}/", file=sys.stderr, flush=True)
+    view = contextlib.nullcontext() if live_view is None else live_view(out)
+    await view.__aenter__()
     coordinator = None
     if coordinator_path is not None:
         coordinator = await _spawn(
@@ -218,12 +213,11 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
         kill_hosts()
         if coordinator is not None and coordinator.returncode is None:
             coordinator.kill()
-        if dashboard is not None:
-            await dashboard.cleanup()
+        await view.__aexit__(None, None, None)
 
 
 def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float | None,
-                dashboard_port: int | None = None,
+                live_view: LiveView | None = None,
                 resumed: tuple[list[Path], Path | None] | None = None) -> dict[str, int]:
     """Run on new actors: a new run folder, or the run in `out` again when `resumed` gives its
     node and coordinator configs (`existing_run_folder`), its nodes at new addresses (the old
@@ -243,7 +237,7 @@ def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float 
             node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
         return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
                                       resumed is not None,
-                                      ray_workers=workers, dashboard_port=dashboard_port))
+                                      ray_workers=workers, live_view=live_view))
     finally:
         workers.stop()
 
@@ -285,11 +279,11 @@ def claim_out(out: Path, force: bool) -> None:
 
 def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (), *, progress: bool = True,
                  timeout_s: float | None = None, quiet: bool = False, force: bool = False,
-                 resume: bool = False, dashboard_port: int | None = None) -> tuple[dict[str, Any], int]:
+                 resume: bool = False, live_view: LiveView | None = None) -> tuple[dict[str, Any], int]:
     """Run one scenario file to completion; returns (results, exit code)."""
     scenario = load_scenario(path, overrides)
     return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force, resume=resume,
-                      dashboard_port=dashboard_port)
+                      live_view=live_view)
 
 
 def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path | None]:
@@ -312,7 +306,7 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
 
 def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
                quiet: bool = False, force: bool = False, resume: bool = False,
-               dashboard_port: int | None = None) -> tuple[dict[str, Any], int]:
+               live_view: LiveView | None = None) -> tuple[dict[str, Any], int]:
     out = Path(out)
     started = time.perf_counter()
     # Before any process starts: a partition that cannot be made (too few samples for
@@ -332,28 +326,22 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         claim_out(out, force)
     try:
         if resume and scenario.runtime.placement == "ray":
-            codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, dashboard_port,
+            codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, live_view,
                                 resumed=(node_paths, coordinator_path))
         elif resume:
             codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
-                                           dashboard_port=dashboard_port))
+                                           live_view=live_view))
         elif scenario.runtime.placement == "ray":
-            codes = _run_on_ray(scenario, out, progress, timeout_s, dashboard_port)
+            codes = _run_on_ray(scenario, out, progress, timeout_s, live_view)
         else:
             node_paths, coordinator_path = write_run_folder(scenario, out)
             codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
-                                           dashboard_port=dashboard_port))
+                                           live_view=live_view))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (p2pfl.cli.Terminated): the nodes are stopped by now
         if RunFolder(out).scenario.is_file():
             _write_stopped_results(scenario, out, time.perf_counter() - started, partition.ground_truth())
         raise
-    wall_s = time.perf_counter() - started
-    results = build_results(scenario, out, codes, wall_s, partition.ground_truth())
-    results["data_fingerprint"] = scenario_data_fingerprint(scenario)
-    scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
-    if scores is not None:
-        results["relevance_scores"] = scores
-    write_json_atomic(RunFolder(out).results, results)
+    results = write_results(scenario, out, codes, time.perf_counter() - started, partition.ground_truth())
     if not quiet:
         print(format_summary(results))
         print(f"results: {RunFolder(out).results}")
@@ -367,9 +355,7 @@ def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_
     """results.json of a run stopped before its end: every node that had not ended is "stopped",
     with the rounds it recorded; `--resume` goes on from its checkpoint, `compare --reuse` runs it again."""
     ids = [*node_ids(scenario.nodes), *([COORDINATOR_ID] if uses_coordinator(scenario) else [])]
-    results = build_results(scenario, out, dict.fromkeys(ids, STOPPED), wall_s, ground_truth)
-    results["data_fingerprint"] = scenario_data_fingerprint(scenario)
-    write_json_atomic(RunFolder(out).results, results)
+    write_results(scenario, out, dict.fromkeys(ids, STOPPED), wall_s, ground_truth)
 
 
 def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,

@@ -13,7 +13,7 @@ from typing import Any
 
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.node import ENDED_BADLY
-from p2pfl.runtime.run_folder import RunFolder, read_records
+from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records, write_json_atomic
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.timing import compute_fraction
@@ -211,6 +211,28 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
     if indices is not None:
         out["client2vec"] = indices
     return out
+
+
+def scenario_data_fingerprint(scenario: Any) -> dict[str, str]:
+    """What the scenario's data depends on on this machine (p2pfl.data.data_fingerprint)."""
+    from p2pfl.data import data_fingerprint
+
+    return data_fingerprint(scenario.data.resolved_domains()) if scenario.data.dataset == "digits" else {}
+
+
+def write_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_s: float,
+                  ground_truth: Mapping[str, Any]) -> dict[str, Any]:
+    """`results.json` of the run in `out`, written whole, the same for every placement, a stopped
+    run and a LAN run's merge: `build_results` with the data fingerprint and relevance scores."""
+    from p2pfl.scenario.relevance import score_run
+
+    results = build_results(scenario, out, exit_codes, wall_s, ground_truth)
+    results["data_fingerprint"] = scenario_data_fingerprint(scenario)
+    scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
+    if scores is not None:
+        results["relevance_scores"] = scores
+    write_json_atomic(RunFolder(out).results, results)
+    return results
 
 
 def client_indices(nodes: list[dict[str, Any]], coordinator: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -79,6 +79,7 @@ class _StandaloneDashboard:
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (Debian package `chromium`)")
 def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -> None:
+    from p2pfl.report.dashboard import live_dashboard
     from p2pfl.scenario.launcher import run_scenario
     from tests.runtime.helpers import write_tiny
 
@@ -86,7 +87,7 @@ def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -
     scenario = write_tiny(tmp_path, nodes=3, rounds=8, samples=80)
     outcome: dict = {}
     runner = threading.Thread(target=lambda: outcome.update(code=run_scenario(
-        scenario, tmp_path / "run", progress=False, quiet=True, dashboard_port=port)[1]))
+        scenario, tmp_path / "run", progress=False, quiet=True, live_view=live_dashboard(port))[1]))
     runner.start()
     deadline = time.monotonic() + 120
     state: dict = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -9,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from p2pfl.report import MAX_NODE_SERIES, _plot_nodes, representative_nodes  # noqa: E402
+from p2pfl.report import MAX_NODE_SERIES, plot_nodes, representative_nodes  # noqa: E402
 from p2pfl.runtime.timing import PHASES  # noqa: E402
 
 
@@ -22,7 +24,7 @@ def _series(nodes: int) -> list[tuple[str, list[tuple[int, float | None]]]]:
 
 def test_a_few_nodes_get_a_line_each() -> None:
     fig, ax = plt.subplots()
-    _plot_nodes(ax, _series(3))
+    plot_nodes(ax, _series(3))
     assert [line.get_label() for line in ax.get_lines()] == ["node-0", "node-1", "node-2"]
     plt.close(fig)
 
@@ -30,7 +32,7 @@ def test_a_few_nodes_get_a_line_each() -> None:
 def test_many_nodes_get_their_mean_and_percentile_bands() -> None:
     series = _series(MAX_NODE_SERIES + 8)
     fig, ax = plt.subplots()
-    _plot_nodes(ax, series)
+    plot_nodes(ax, series)
     (mean_line,) = ax.get_lines()
     assert mean_line.get_label() == f"mean of {len(series)} nodes"
     expected = [np.mean([v for _, points in series for r, v in points if r == k and v is not None]) for k in (1, 2, 3)]
@@ -61,3 +63,28 @@ def test_round_time_of_many_nodes_shows_the_nodes_at_percentiles_of_round_time()
     assert shown[0][0] == f"node-{int(np.argmin(order))} (fastest)"
     assert shown[3][0].endswith("(median)") and shown[-1][0].endswith("(slowest)")
     assert shown[1][0].endswith("(10th pct)")
+
+
+def test_a_lan_merge_and_the_launcher_write_the_same_results(tmp_path: Path) -> None:
+    """One writer (`p2pfl.scenario.results.write_results`) for both: a LAN run's merged file used
+    to lack `relevance_scores` and `data_fingerprint`."""
+    import json
+    import shutil
+
+    from p2pfl.report import merge_node_results
+    from p2pfl.scenario.launcher import run_scenario
+    from tests.runtime.helpers import write_tiny
+
+    results, code = run_scenario(write_tiny(tmp_path, nodes=3, rounds=1, samples=40, algorithm="pfedsv"),
+                                 tmp_path / "run", progress=False, quiet=True)
+    assert code == 0
+    lan = tmp_path / "lan"  # what an operator copies together from the hosts: each node's files
+    (lan / "nodes").mkdir(parents=True)
+    shutil.copy(tmp_path / "run" / "scenario.json", lan / "scenario.json")
+    for path in (tmp_path / "run" / "nodes").glob("*.result.json"):
+        shutil.copy(path, lan / "nodes" / path.name)
+    shutil.copytree(tmp_path / "run" / "artefacts", lan / "artefacts")
+    assert merge_node_results(lan)
+    merged = json.loads((lan / "results.json").read_text())
+    assert set(merged) == set(results) and "relevance_scores" in merged and "data_fingerprint" in merged
+    assert merged["relevance_scores"] == json.loads(json.dumps(results["relevance_scores"]))
