@@ -189,8 +189,8 @@ def _resume_hint(args: argparse.Namespace) -> str:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from p2pfl.runtime.config import PeerInfo, parse_peer
-    from p2pfl.runtime.roster import COORDINATOR, entry_toml
+    from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
+    from p2pfl.runtime.roster import entry_toml
     from p2pfl.runtime.tls import fingerprint
     from p2pfl.wire import NodeKey
 
@@ -212,7 +212,7 @@ def _keygen(args: argparse.Namespace) -> int:
     print(f"# private key: {path} (mode 600; it never leaves this host)", file=sys.stderr)
     if args.url is None:
         print("# replace HOST:PORT with the address peers reach this host at", file=sys.stderr)
-    if args.node_id == COORDINATOR:
+    if args.node_id == COORDINATOR_ID:
         import tomli_w
 
         print("[coordinator]\n" + tomli_w.dumps(info.to_dict()), end="")

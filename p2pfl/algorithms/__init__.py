@@ -10,6 +10,7 @@ before any node starts; each half receives the parameters its own signature name
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import inspect
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -18,7 +19,6 @@ from p2pfl.errors import ConfigError
 from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Strategy
 
 ALGORITHMS: dict[str, type[Strategy]] = {}
-_MODULES = ("local", "fedavg", "fedprox", "fedrep", "fedc2i", "pfedsv", "fedfomo", "di", "client2vec")
 
 S = TypeVar("S", bound=type[Strategy])
 
@@ -31,12 +31,10 @@ def register(cls: S) -> S:
 
 
 def _load_all() -> None:
-    for module in _MODULES:
-        try:
-            importlib.import_module(f"p2pfl.algorithms.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"p2pfl.algorithms.{module}":
-                raise
+    """Import every module of this package: an algorithm is one file that calls `register`."""
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
 
 
 def available() -> list[str]:

@@ -25,28 +25,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from p2pfl.errors import ConfigError
+from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
 
 NODE_FIELDS = {"id", "index", "host", "port", "key_file", "scenario", "out", "overrides", "peers", "coordinator", "roster"}
-COORDINATOR = "coordinator"  # the coordinator's id (p2pfl.runtime.strategy.COORDINATOR_ID)
 
 
 def node_ids(n: int) -> list[str]:
     """The ids of a run's n nodes, zero-padded so that they sort in index order."""
     width = len(str(n - 1))
     return [f"node-{i:0{width}d}" for i in range(n)]
-
-
-@dataclass(frozen=True)
-class PeerInfo:
-    url: str
-    public_key: str
-    tls_fingerprint: str | None = None  # SHA-256 of the peer's certificate, pinned when runtime.tls is on
-
-    def to_dict(self) -> dict[str, str]:
-        out = {"url": self.url, "public_key": self.public_key}
-        if self.tls_fingerprint is not None:
-            out["tls_fingerprint"] = self.tls_fingerprint
-        return out
 
 
 @dataclass(frozen=True)
@@ -75,39 +62,6 @@ class NodeConfig:
 
     def save(self, path: Path) -> None:
         path.write_text(tomli_w.dumps(self.to_dict()))
-
-
-def parse_peer(value: Any, where: str) -> PeerInfo:
-    if not isinstance(value, Mapping):
-        raise ConfigError(where, "expected a table with `url` and `public_key`")
-    for key in value:
-        if key not in ("url", "public_key", "tls_fingerprint"):
-            raise ConfigError(f"{where}.{key}", "unknown field; allowed: url, public_key, tls_fingerprint")
-    url, pub = value.get("url"), value.get("public_key")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{where}.url", f"expected an http(s) URL, got {url!r}")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{where}.url", f"{url!r}: {exc}") from None
-    if not parts.hostname or any(c in parts.netloc for c in " <>") or port == 0:
-        raise ConfigError(f"{where}.url", f"expected http(s)://host:port with a real host, got {url!r}")
-    if not isinstance(pub, str) or len(pub) != 64:
-        raise ConfigError(f"{where}.public_key", "expected the peer's Ed25519 public key as 64 hex characters")
-    try:
-        bytes.fromhex(pub)
-    except ValueError:
-        raise ConfigError(f"{where}.public_key", "not valid hex") from None
-    fp = value.get("tls_fingerprint")
-    if fp is not None:
-        try:
-            ok = isinstance(fp, str) and len(bytes.fromhex(fp)) == 32
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ConfigError(f"{where}.tls_fingerprint", "expected the SHA-256 of the peer's certificate as 64 hex characters")
-    return PeerInfo(url.rstrip("/"), pub, fp)
 
 
 def load_node_config(path: str | Path) -> NodeConfig:
@@ -190,7 +144,7 @@ def _from_roster(raw: Mapping[str, Any], roster_path: Path, key_file: Path
     if public != entry.public_key:
         raise ConfigError("key_file", f"{key_file} holds the key of {public[:16]}..., but {roster_path} lists "
                                       f"{entry.public_key[:16]}... for {node_id}: wrong key file, or a stale roster")
-    if node_id == COORDINATOR:
+    if node_id == COORDINATOR_ID:
         index, peers, coordinator = 0, dict(roster.nodes), None
     else:
         index, coordinator = roster.index(node_id), roster.coordinator

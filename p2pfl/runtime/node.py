@@ -44,7 +44,7 @@ from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.transport_api import Transport
-from p2pfl.training import LocalTrainer, rng_state_from_hex, rng_state_hex
+from p2pfl.training import LocalTrainer, PrivacyMechanism, rng_state_from_hex, rng_state_hex
 from p2pfl.wire import Message, NodeKey
 
 PEER_PARTS = ("body", "head", "full")
@@ -70,7 +70,7 @@ class NodeParts:
     trainer: LocalTrainer
     strategy: Strategy
     fresh_strategy: Callable[[], Strategy]  # a new one with the same parameters: restore tries a checkpoint on it first
-    privacy: Any | None                     # a privacy mechanism (p2pfl.privacy), or None
+    privacy: PrivacyMechanism | None        # p2pfl.privacy's DP-SGD or output noise, or None
     attack: Attack | None
     key: NodeKey
     transport: Transport

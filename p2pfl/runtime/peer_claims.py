@@ -28,9 +28,6 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-DEFAULT_MAX_WEIGHT_RATIO = 4.0
-DEFAULT_MAX_NORM_RATIO = 1000.0
-
 
 class ClaimRefused(ValueError):
     status = 422

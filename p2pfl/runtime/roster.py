@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.config import COORDINATOR, PeerInfo, parse_peer
+from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,7 +41,7 @@ _ENTRY_FIELDS = ("id", "url", "public_key", "tls_fingerprint")
 
 
 @dataclass(frozen=True)
-class Roster:
+class RosterFile:
     """Nodes in index order, and the coordinator if the deployment has one."""
 
     path: Path
@@ -52,15 +52,15 @@ class Roster:
         return list(self.nodes).index(node_id)
 
     def entry(self, node_id: str) -> PeerInfo:
-        if node_id == COORDINATOR and self.coordinator is not None:
+        if node_id == COORDINATOR_ID and self.coordinator is not None:
             return self.coordinator
         if node_id not in self.nodes:
-            known = list(self.nodes) + ([COORDINATOR] if self.coordinator else [])
+            known = list(self.nodes) + ([COORDINATOR_ID] if self.coordinator else [])
             raise ConfigError("id", f"{node_id!r} is not in the roster {self.path} (it lists {', '.join(known)})")
         return self.nodes[node_id]
 
 
-def load_roster(path: str | Path) -> Roster:
+def load_roster(path: str | Path) -> RosterFile:
     """Parse and validate a roster file; every problem is a ConfigError naming the file and entry."""
     path = Path(path)
     if not path.is_file():
@@ -83,8 +83,8 @@ def load_roster(path: str | Path) -> Roster:
         if not isinstance(entry, Mapping):
             raise ConfigError(where, "expected a table with id, url and public_key")
         node_id = entry.get("id")
-        if not isinstance(node_id, str) or not node_id or node_id == COORDINATOR:
-            raise ConfigError(f"{where}.id", f"expected a non-empty id other than {COORDINATOR!r}, got {node_id!r}")
+        if not isinstance(node_id, str) or not node_id or node_id == COORDINATOR_ID:
+            raise ConfigError(f"{where}.id", f"expected a non-empty id other than {COORDINATOR_ID!r}, got {node_id!r}")
         if node_id in nodes:
             raise ConfigError(f"{where}.id", f"duplicate id {node_id!r} (also node[{list(nodes).index(node_id)}])")
         info = parse_peer({k: v for k, v in entry.items() if k != "id"}, f"{path}: node {node_id}")
@@ -94,9 +94,9 @@ def load_roster(path: str | Path) -> Roster:
     coordinator = None
     if raw.get("coordinator") is not None:
         coordinator = parse_peer(raw["coordinator"], f"{path}: coordinator")
-        _unique(seen_urls, _endpoint(coordinator.url), COORDINATOR, f"{path}: coordinator.url", "address")
-        _unique(seen_keys, coordinator.public_key, COORDINATOR, f"{path}: coordinator.public_key", "public key")
-    return Roster(path, nodes, coordinator)
+        _unique(seen_urls, _endpoint(coordinator.url), COORDINATOR_ID, f"{path}: coordinator.url", "address")
+        _unique(seen_keys, coordinator.public_key, COORDINATOR_ID, f"{path}: coordinator.public_key", "public key")
+    return RosterFile(path, nodes, coordinator)
 
 
 def _endpoint(url: str) -> str:
@@ -152,11 +152,11 @@ async def _probe(node_id: str, url: str, timeout_s: float) -> Probe:
     return Probe(node_id, url, True, time.perf_counter() - started, "accepts connections")
 
 
-def probe_roster(roster: Roster, timeout_s: float, only: Sequence[str] | None = None) -> list[Probe]:
+def probe_roster(roster: RosterFile, timeout_s: float, only: Sequence[str] | None = None) -> list[Probe]:
     """Open a TCP connection to every entry's address at once; each gets `timeout_s`."""
     targets = dict(roster.nodes)
     if roster.coordinator is not None:
-        targets[COORDINATOR] = roster.coordinator
+        targets[COORDINATOR_ID] = roster.coordinator
     if only is not None:
         targets = {k: v for k, v in targets.items() if k in only}
 

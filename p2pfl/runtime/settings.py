@@ -10,6 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+DEFAULT_MAX_WEIGHT_RATIO = 4.0  # runtime.max_weight_ratio (p2pfl.runtime.peer_claims)
+DEFAULT_MAX_NORM_RATIO = 1000.0  # runtime.max_norm_ratio
+SAFEGUARD_KINDS = ("mix", "local")  # algorithm.safeguard (p2pfl.runtime.safeguard); torch-free, for the schema
+
 
 @dataclass(frozen=True)
 class NodeSettings:

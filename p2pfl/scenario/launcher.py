@@ -27,7 +27,8 @@ from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.data import build_partition
 from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
-from p2pfl.runtime.config import NodeConfig, PeerInfo, load_node_config, node_ids
+from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
+from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.roster import ROSTER_FILE, write_roster
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID

@@ -26,9 +26,8 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
-from p2pfl.runtime.peer_claims import DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO
 from p2pfl.runtime.precision import WIRE_PRECISIONS
-from p2pfl.runtime.safeguard import KINDS as SAFEGUARD_KINDS
+from p2pfl.runtime.settings import DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, SAFEGUARD_KINDS
 from p2pfl.runtime.topology import Topology
 from p2pfl.training import TrainConfig
 

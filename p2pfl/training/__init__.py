@@ -85,6 +85,22 @@ class PrivacyMechanism(Protocol):
         """True when one more round would exceed the configured epsilon budget."""
         ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """The accountant's history and the noise's random state: what a checkpoint keeps."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from `state_dict`'s output (a resumed node)."""
+        ...
+
+    def steps(self) -> int:
+        """Accounted steps so far."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The mechanism's settings as resolved (noise multiplier, clipping, accountant), for results."""
+        ...
+
 
 def rng_state_hex(state: torch.Tensor) -> str:
     """A torch generator's state (uint8 tensor) as hex, for JSON checkpoints."""

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
-from p2pfl.runtime.config import NodeConfig, PeerInfo
+from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.node import Node
 from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.schema import load_scenario
