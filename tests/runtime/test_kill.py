@@ -81,8 +81,9 @@ def test_finding_10_sigterm_stops_the_run_like_ctrl_c_and_resume_loses_no_round(
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        rounds_file = out / "nodes" / "node-0.rounds.jsonl"
-        while time.monotonic() < deadline and not (rounds_file.is_file() and rounds_file.read_text().count("\n") >= 2):
+        rounds_files = [out / "nodes" / f"node-{i}.rounds.jsonl" for i in (0, 1)]
+        while time.monotonic() < deadline and not all(f.is_file() and f.read_text().count("\n") >= 2
+                                                      for f in rounds_files):
             time.sleep(0.1)
         assert launcher.poll() is None, "the run ended before it could be stopped"
         launcher.send_signal(signal.SIGTERM)
