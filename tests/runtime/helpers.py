@@ -109,3 +109,12 @@ def model_frame(key: NodeKey, node: Node, *, sender: str = "node-1", recipient: 
     tensors = tensors if tensors is not None else {k: v.clone() for k, v in part_state(node.model, part).items()}
     return encode(key=key, kind="model", sender=sender, recipient=recipient, round=1, version=version, seq=seq,
                   part=part, meta={"n_train": 10} if meta is None else meta, tensors=tensors)
+
+
+def recording_push(session: Any, base: str, statuses: dict[str, int]) -> Any:
+    """`push(name, frame)`: POST a frame to the node at `base`'s inbox, keeping its HTTP status under `name`."""
+    async def push(name: str, frame: bytes) -> None:
+        async with session.post(f"{base}/v1/inbox", data=frame) as resp:
+            statuses[name] = resp.status
+
+    return push

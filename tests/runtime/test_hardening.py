@@ -26,7 +26,7 @@ from p2pfl.runtime.transport import ServerLimits
 from p2pfl.wire import NodeKey, encode
 from p2pfl.wire.request import AUTH_HEADER, ReadRequest, request_for, sign_request
 
-from .helpers import lone_node, model_frame
+from .helpers import lone_node, model_frame, recording_push
 
 
 def _serving(tmp_path: Path, peer_key: NodeKey, limits: ServerLimits | None = None) -> Node:
@@ -289,10 +289,7 @@ def test_pushes_are_taken_only_when_awaited_and_within_one_round(tmp_path: Path)
         base = await _started(node)
         try:
             async with aiohttp.ClientSession() as session:
-                async def push(name: str, frame: bytes) -> None:
-                    async with session.post(f"{base}/v1/inbox", data=frame) as resp:
-                        statuses[name] = resp.status
-
+                push = recording_push(session, base, statuses)
                 node.round = 3
                 await push("not awaited", model_frame(peer_key, node, seq=1, version=3))
                 gathering = asyncio.create_task(node.gather([Fetch("node-1", "body")], 3))

@@ -20,7 +20,7 @@ from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, capped_size,
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, Submission
 from p2pfl.wire import NodeKey, Roster, encode, open_message
 
-from .helpers import build_in_process, model_frame, write_tiny
+from .helpers import build_in_process, model_frame, recording_push, write_tiny
 from .test_hardening import _serving, _started
 
 
@@ -67,10 +67,7 @@ def test_finding_2_a_pushed_part_of_huge_finite_values_is_refused_and_named(tmp_
         base = await _started(node)
         try:
             async with aiohttp.ClientSession() as session:
-                async def push(name: str, frame: bytes) -> None:
-                    async with session.post(f"{base}/v1/inbox", data=frame) as resp:
-                        statuses[name] = resp.status
-
+                push = recording_push(session, base, statuses)
                 node.round = 1
                 node.refused = {}
                 gathering = asyncio.create_task(node.gather([Fetch("node-1", "body")], 1))
