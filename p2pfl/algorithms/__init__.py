@@ -10,12 +10,13 @@ before any node starts; each half receives the parameters its own signature name
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import inspect
+import pkgutil
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from p2pfl.errors import ConfigError
+from p2pfl.plugins import is_reference, resolve
 from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Strategy
 
 ALGORITHMS: dict[str, type[Strategy]] = {}
@@ -43,9 +44,23 @@ def available() -> list[str]:
 
 
 def strategy_class(name: str) -> type[Strategy]:
+    """A built-in algorithm by its name, or a user's Strategy subclass by `"package.module:Class"`."""
+    if is_reference(name):
+        cls = resolve(name, "algorithm.name")
+        if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+            raise ConfigError("algorithm.name", f"{name!r} is not a subclass of p2pfl.runtime.strategy.Strategy")
+        if cls.coordinator is not None and not (isinstance(cls.coordinator, type)
+                                                and issubclass(cls.coordinator, CoordinatorHalf)):
+            raise ConfigError("algorithm.name", f"{name}.coordinator is not a CoordinatorHalf subclass")
+        return cls
     _load_all()
     if name not in ALGORITHMS:
-        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+        import difflib
+
+        close = difflib.get_close_matches(name, ALGORITHMS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}{hint}; choose one of {sorted(ALGORITHMS)}, "
+                                            "or name your own Strategy as 'package.module:Class'")
     return ALGORITHMS[name]
 
 
