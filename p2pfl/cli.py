@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import re
 import signal
 import sys
@@ -153,8 +154,20 @@ def _has_attack(folder: Path) -> bool:
                for p in folder.glob("*/seed*/results.json"))
 
 
+def _user_modules_from_here() -> None:
+    """`"package.module:name"` in a scenario resolves from the folder the command runs in, as
+    `python -m` would, for this process and every node process it starts."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _user_modules_from_here()
     if getattr(args, "log_level", None):
         set_level(args.log_level)  # inherited by every process this command starts
     on_main_thread = threading.current_thread() is threading.main_thread()

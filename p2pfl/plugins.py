@@ -4,14 +4,19 @@
                                                # or -> (nn.Module, "name of its final nn.Linear")
     [data]   dataset = "mypkg.data:load"       # () -> (x, y) or {"x", "y", "domain", "domains"}
 
-The module must be importable where the nodes run (installed, or on PYTHONPATH). Errors name
-the scenario field: a module that does not import, a name it lacks, a wrong return type.
+The module must be importable where the nodes run: installed, on PYTHONPATH, or in the folder
+the command runs from (`p2pfl` puts it first on the path, for itself and the nodes it starts).
+Errors name the scenario field: a module that does not import, a name it lacks, a wrong return
+type, or the user's own exception with its message and the line of their code that raised it.
 """
 
 from __future__ import annotations
 
 import importlib
+import sysconfig
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from p2pfl.errors import ConfigError
@@ -29,7 +34,7 @@ def resolve(reference: str, field: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an import error inside the user's module is theirs to read
-        raise ConfigError(field, f"cannot import {module_name!r}: {exc!r}") from None
+        raise ConfigError(field, f"cannot import {module_name!r}: {describe_failure(exc)}") from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -41,9 +46,30 @@ def resolve(reference: str, field: str) -> Callable[..., Any]:
 
 
 def call(reference: str, field: str, **kwargs: Any) -> Any:
-    """Resolve `reference` and call it; its own failure becomes a ConfigError naming `field`."""
+    """Resolve `reference` and call it; its own failure becomes a ConfigError naming `field`,
+    with the exception's message (file names kept) and the last line of the user's code it ran."""
     function = resolve(reference, field)
     try:
         return function(**kwargs)
     except Exception as exc:
-        raise ConfigError(field, f"{reference} failed: {exc!r}") from None
+        raise ConfigError(field, f"{reference} failed: {describe_failure(exc)}") from None
+
+
+def _library_roots() -> list[Path]:
+    """Where p2pfl, the standard library and installed packages live: not the user's code."""
+    paths = sysconfig.get_paths()
+    return [Path(__file__).resolve().parent, *{Path(paths[k]).resolve() for k in ("stdlib", "purelib", "platlib")}]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """`Type: message (at file:line in function: code)`, at the last frame of the user's own code
+    (not p2pfl, the standard library or an installed package), where there is one."""
+    where = ""
+    roots = _library_roots()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not any(root == Path(f.filename).resolve() or root in Path(f.filename).resolve().parents
+                         for root in roots)]
+    if frames:
+        last = frames[-1]
+        where = f" (at {last.filename}:{last.lineno} in {last.name}: {(last.line or '').strip()})"
+    return f"{type(exc).__name__}: {exc}{where}"

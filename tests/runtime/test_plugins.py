@@ -98,3 +98,42 @@ def test_a_factory_returning_the_wrong_type_stops_the_run_before_start(tmp_path:
     assert code == 2
     assert "error in model.name:" in capsys.readouterr().err
     assert not (tmp_path / "run" / "logs").exists()
+
+
+LOADER = '''\
+import numpy as np
+
+
+def load():
+    return dict(np.load("missing-data.npz"))
+'''
+
+
+def test_a_user_function_error_keeps_its_message_and_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `FileNotFoundError(2, 'No such file or directory')`, the file name and the place lost."""
+    (tmp_path / "my_loader.py").write_text(LOADER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from p2pfl.data import build_partition
+
+    with pytest.raises(ConfigError) as info:
+        build_partition(load_scenario(write_tiny(tmp_path), ['data.dataset="my_loader:load"']).data, 3, 0, only=[])
+    message = str(info.value)
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'missing-data.npz'" in message
+    assert f"{tmp_path / 'my_loader.py'}:5 in load" in message
+
+
+@pytest.mark.slow
+def test_p2pfl_run_finds_a_user_module_in_the_folder_it_runs_from(tmp_path: Path) -> None:
+    """docs/data.md: run from the folder holding your module, no PYTHONPATH (before: ModuleNotFoundError)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_models.py").write_text("from tests.runtime.test_plugins import split_net\n")
+    scenario = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])  # only for `tests.runtime`, which my_models re-exports
+    done = subprocess.run([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", "run", "--no-progress",
+                           "--set", 'model.name="my_models:split_net"'], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
