@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,5 +27,7 @@ def check_table(table: object, allowed: Iterable[str], prefix: str) -> Mapping[s
     names = sorted(allowed)
     for key in table:
         if key not in names:
-            raise ConfigError(f"{prefix}.{key}" if prefix else str(key), f"unknown field; allowed fields are {names}")
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"{prefix}.{key}" if prefix else str(key), f"unknown field; {hint}allowed fields are {names}")
     return table

@@ -182,7 +182,7 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
             RunFolder(out).log(COORDINATOR_ID), scenario.runtime.torch_threads,
         )
     bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
-               unit="round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+               unit="node-round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     kill_hosts: Callable[[], None] = lambda: None
     try:
         if ray_workers is None:
