@@ -319,3 +319,15 @@ def test_finding_11_compare_refuses_a_folder_holding_runs_without_reuse_or_force
     assert main(["compare", str(path), "--algorithms", "local", "--seeds", "0", "--out", str(out), "--force",
                  "--no-progress"]) == 0
     assert json.loads(results.read_text())["summary"]["nodes_failed"] == []
+
+
+def test_a_mistyped_field_gets_the_close_match(tmp_path):
+    with pytest.raises(ConfigError, match="unknown field; did you mean 'rounds'\\?") as info:
+        scenario_from_dict({"roundz": 3})
+    assert info.value.field == "roundz"
+    with pytest.raises(ConfigError, match="did you mean 'fetch_timeout_s'") as info:
+        scenario_from_dict({"runtime": {"fetch_timout_s": 3}})
+    assert info.value.field == "runtime.fetch_timout_s"
+    with pytest.raises(ConfigError) as info:
+        scenario_from_dict({"zzz": 1})
+    assert "did you mean" not in str(info.value)
