@@ -359,6 +359,9 @@ def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_
     write_results(scenario, out, dict.fromkeys(ids, STOPPED), wall_s, ground_truth)
 
 
+LAN_SCENARIO = "scenario.toml"  # the scenario's copy in a `p2pfl lan` folder
+
+
 def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
                       coordinator_address: str | None = None, overrides: Sequence[str] = (), *,
                       force: bool = False) -> list[Path]:
@@ -396,7 +399,12 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
         key.save(out / f"{nid}.key")
         infos[nid] = peer_info(scenario, nid, key, host, int(port))
     write_roster(out / ROSTER_FILE, {nid: infos[nid] for nid in ids}, infos.get(COORDINATOR_ID))
-    scenario_rel = os.path.relpath(Path(scenario_path).resolve(), out.resolve())
+    # The folder is what an operator copies to every host: the scenario goes in it, so that no
+    # config points outside (a relative path out of it breaks on the hosts).
+    local_scenario = out / LAN_SCENARIO
+    if Path(scenario_path).resolve() != local_scenario.resolve():
+        shutil.copyfile(scenario_path, local_scenario)
+    scenario_rel = LAN_SCENARIO
     paths = []
     for nid in hostports:
         path = out / f"{nid}.toml"

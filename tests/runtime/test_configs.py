@@ -22,12 +22,17 @@ def test_lan_configs_load_and_point_at_each_other(tmp_path):
     assert [c.id for c in configs] == ["node-0", "node-1", "node-2"]
     assert [c.index for c in configs] == [0, 1, 2]
     assert configs[0].peers["node-2"].url == "http://10.0.0.3:9001"
-    assert configs[0].scenario.resolve() == scenario.resolve()
+    # The folder is self-contained: the scenario is copied in, and every path stays inside it.
+    assert all(c.scenario.resolve() == (tmp_path / "lan" / "scenario.toml").resolve() for c in configs)
+    assert (tmp_path / "lan" / "scenario.toml").read_text() == scenario.read_text()
     for c in configs:
         key = NodeKey.load(c.key_file)
         for other in configs:
             if other.id != c.id:
                 assert other.peers[c.id].public_key == key.public_hex
+    moved = tmp_path / "elsewhere"
+    (tmp_path / "lan").rename(moved)
+    assert [load_node_config(moved / p.name).scenario.resolve() for p in paths] == [(moved / "scenario.toml").resolve()] * 3
 
 
 def test_lan_configs_reject_wrong_host_count(tmp_path):
