@@ -195,7 +195,8 @@ def _resume_hint(args: argparse.Namespace) -> str:
         return ""
     if args.command == "run":
         return (f"; every round a node finished is checkpointed in {out}: "
-                f"p2pfl run {args.scenario} --out {out} --resume goes on from there")
+                f"p2pfl run {args.scenario} --out {out} --resume goes on from there "
+                "(with the scenario the run started with: no --set again)")
     if args.command == "compare":
         return f"; the runs that ended are kept in {out}: the same command with --reuse runs only the others"
     return ""

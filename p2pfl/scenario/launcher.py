@@ -36,7 +36,7 @@ from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.transport import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
 from p2pfl.scenario.results import STOPPED, format_summary, write_results
-from p2pfl.scenario.schema import Scenario, load_scenario, scenario_differences
+from p2pfl.scenario.schema import Scenario, apply_overrides, load_scenario, scenario_differences, scenario_from_dict
 from p2pfl.wire import NodeKey
 
 
@@ -281,8 +281,18 @@ def claim_out(out: Path, force: bool) -> None:
 def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (), *, progress: bool = True,
                  timeout_s: float | None = None, quiet: bool = False, force: bool = False,
                  resume: bool = False, live_view: LiveView | None = None) -> tuple[dict[str, Any], int]:
-    """Run one scenario file to completion; returns (results, exit code)."""
+    """Run one scenario file to completion; returns (results, exit code). With `resume`, the run
+    goes on with the scenario it was started with (its scenario.json, `--set` given then included),
+    and `overrides` apply on top of that: a field they change is refused by name."""
     scenario = load_scenario(path, overrides)
+    stored = RunFolder(Path(out)).scenario
+    if resume and stored.is_file():
+        from_file = scenario
+        scenario = scenario_from_dict(apply_overrides(json.loads(stored.read_text()), overrides), source=str(stored))
+        changed = scenario_differences(scenario.to_dict(), from_file)
+        if changed and not quiet:
+            print(f"note: {path} differs from the scenario the run was started with ({', '.join(changed[:5])}); "
+                  f"resuming with the stored one, {stored}", file=sys.stderr)
     return run_loaded(scenario, out, progress=progress, timeout_s=timeout_s, quiet=quiet, force=force, resume=resume,
                       live_view=live_view)
 

@@ -162,3 +162,18 @@ def test_the_coordinator_resumes_with_its_model_and_aggregator_state(tmp_path: P
     node = assemble_node(nodes[0].config, scenario_of(nodes[0]), resume=True)
     node.restore()
     assert node.strategy.state_dict() == nodes[0].strategy.state_dict()
+
+
+def test_resume_takes_the_stored_scenario_without_repeating_set(tmp_path: Path, capsys) -> None:
+    """Before, --resume needed every --set of the first run again, and the refusal did not say so."""
+    from p2pfl.errors import ConfigError
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    first, code = run_scenario(path, tmp_path / "run", ["rounds=2", "train.lr=0.01"], progress=False, quiet=True)
+    assert code == 0
+    again, code = run_scenario(path, tmp_path / "run", progress=False, resume=True)
+    assert code == 0 and again["scenario"]["rounds"] == 2 and again["scenario"]["train"]["lr"] == 0.01
+    assert [len(n["rounds"]) for n in again["nodes"]] == [2, 2]
+    assert "differs from the scenario the run was started with (rounds, train.lr)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="train.lr"):
+        run_scenario(path, tmp_path / "run", ["train.lr=0.1"], progress=False, quiet=True, resume=True)
