@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True)
     show = data_sub.add_parser("show", help="print a scenario's partition and save a picture")
     show.add_argument("scenario", type=Path)
-    show.add_argument("--png", type=Path, default=None, help="where to save the picture (default: partition.png)")
+    show.add_argument("--png", type=Path, default=None, help="save a picture of the partition there (none without it)")
     _add_set(show)
     return parser
 
@@ -332,8 +332,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from p2pfl.scenario.schema import load_scenario
 
         scenario = load_scenario(args.scenario, args.overrides)
-        png = args.png or Path("partition.png")
-        print(show(scenario.data, scenario.nodes, scenario.seed, png))
-        print(f"picture: {png}")
+        print(show(scenario.data, scenario.nodes, scenario.seed, args.png))
+        if args.png is not None:
+            print(f"picture: {args.png}")
         return 0
     raise AssertionError(args.command)

@@ -59,9 +59,9 @@ def _table(spec: DataSpec, gt: dict) -> str:
     return "\n".join(lines)
 
 
-def show(spec: DataSpec, num_nodes: int, seed: int, png_path: str | Path) -> str:
-    """Return the partition as a table string and save a PNG: a grid of samples per domain
-    (one per class) and the per-node train class histogram as stacked bars."""
+def show(spec: DataSpec, num_nodes: int, seed: int, png_path: str | Path | None) -> str:
+    """Return the partition as a table string and, with `png_path`, save a PNG: a grid of
+    samples per domain (one per class) and the per-node train class histogram as stacked bars."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -80,6 +80,8 @@ def show(spec: DataSpec, num_nodes: int, seed: int, png_path: str | Path) -> str
         "nodes": nodes_gt,
     }
     table = _table(spec, gt)
+    if png_path is None:
+        return table
 
     # --- figure
     n_dom = len(pool.domains)

@@ -79,3 +79,15 @@ def test_data_show_reports_config_errors_by_field(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error in data.path" in err and "does not exist" in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_show_writes_a_picture_only_where_asked(tmp_path, monkeypatch, capsys) -> None:
+    """Before, `p2pfl data show` wrote partition.png into the current folder unasked."""
+    from p2pfl.cli import main
+    from tests.runtime.helpers import write_tiny
+
+    scenario = write_tiny(tmp_path, nodes=3)
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "show", str(scenario)]) == 0
+    assert "picture:" not in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.png"))
