@@ -21,7 +21,7 @@ import errno
 import json
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +35,21 @@ from p2pfl.models import build_model
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
-from p2pfl.runtime.node import ENDED_BADLY, Node, NodeParts, RoundCallback
+from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.placement import data_to_device, node_device
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.status import PROGRESS_PREFIX, exit_status
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import Endpoint, ServerLimits
+from p2pfl.scenario.run_inputs import resolve_run_inputs
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
 from p2pfl.wire import NodeKey, Roster, WireLimits
 
-PROGRESS_PREFIX = "P2PFL-PROGRESS "  # a node process's stdout line per round, read by the launcher
 
 
 def print_progress(payload: dict[str, Any]) -> None:
@@ -106,10 +107,11 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         tls=server_context(key, config.id) if sc.runtime.tls else None,
         pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},
     )
+    params = resolve_run_inputs(sc.algorithm.name, sc.algorithm.params, sc.seed)  # an earlier run's results, read
     parts = NodeParts(
         data=data, device=device, model=model, trainer=trainer,
-        strategy=build_strategy(sc.algorithm.name, sc.algorithm.params),
-        fresh_strategy=lambda: build_strategy(sc.algorithm.name, sc.algorithm.params),
+        strategy=build_strategy(sc.algorithm.name, params),
+        fresh_strategy=lambda: build_strategy(sc.algorithm.name, params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
         safeguard=safeguard,
     )
@@ -163,7 +165,7 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
 def run_worker(config_paths: Sequence[Path], resume: bool = False) -> int:
     """Run every node of `config_paths` in this process; exit status 1 if any of them failed."""
     logs.configure()
-    return _exit_status(_hosting([load_node_config(p) for p in config_paths], resume))
+    return exit_status(_hosting([load_node_config(p) for p in config_paths], resume))
 
 
 def run_node(config: NodeConfig, resume: bool = False) -> int:
@@ -172,16 +174,7 @@ def run_node(config: NodeConfig, resume: bool = False) -> int:
     if result.get("rounds") is not None:
         print(f"{config.id}: {result['status']}, final accuracy {result.get('final_test_acc')}; "
               f"result in {RunFolder(config.out).node_result(config.id)}", file=sys.stderr)
-    return _exit_status([result])
-
-
-def _exit_status(results: Sequence[Mapping[str, Any]]) -> int:
-    """2: could not start (a port taken); 130: interrupted; 1: a node failed or ended isolated."""
-    if not all(results):
-        return 2
-    if any(r["status"] == "interrupted" for r in results):
-        return 130
-    return 1 if any(r["status"] in ENDED_BADLY for r in results) else 0
+    return exit_status([result])
 
 
 def _hosting(configs: Sequence[NodeConfig], resume: bool) -> list[dict[str, Any]]:

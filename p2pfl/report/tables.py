@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs
-from p2pfl.core.sign_test import evidence_z, prefer_federated
+from p2pfl.core.evidence import evidence_z, prefer_federated
 
 RELEVANCE_METRICS = ("precision", "recall", "precision_at_k", "spearman")
 SAFEGUARD_LEVELS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5)

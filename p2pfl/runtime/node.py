@@ -49,7 +49,6 @@ from p2pfl.wire import Message, NodeKey
 
 PEER_PARTS = ("body", "head", "full")
 WARN_EVERY = 5  # rounds between two warnings about the same silent peer
-ENDED_BADLY = ("failed", "isolated")  # statuses that make the node's process exit non-zero
 
 
 class PushRefused(ValueError):

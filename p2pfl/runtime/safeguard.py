@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from p2pfl.core.sign_test import DEFAULT_LEVEL, disagreements, evidence_z, prefer_federated
+from p2pfl.core.evidence import DEFAULT_LEVEL, disagreements, evidence_z, prefer_federated
 from p2pfl.models import part_spec
 from p2pfl.training import LocalTrainer, correct_per_sample, rng_state_from_hex, rng_state_hex
 

@@ -67,6 +67,14 @@ class Push:
 
 
 @dataclass(frozen=True)
+class RunResults:
+    """An earlier run's results.json, as the scenario layer read it for a `Strategy.reads_runs` parameter."""
+
+    path: str
+    document: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class PeerModel:
     """A verified part that arrived from a peer (or the coordinator) this round."""
 
@@ -136,6 +144,9 @@ class Strategy:
     # True: the runtime hands each peer part to `fold` the moment it arrives and keeps none of
     # their tensors; `aggregate` then gets the arrivals without tensors (sender, version, meta).
     folds_arrivals: ClassVar[bool] = False
+    # Parameters that name an earlier run's results.json ("{seed}" stands for the run's seed): the
+    # scenario layer reads each and hands the strategy a `RunResults`, so no algorithm reads files.
+    reads_runs: ClassVar[tuple[str, ...]] = ()
 
     @property
     def needs_coordinator(self) -> bool:

@@ -23,7 +23,6 @@ import tomli_w
 from tqdm import tqdm
 
 from p2pfl.algorithms import needs_coordinator as algorithm_needs_coordinator
-from p2pfl.assembly import PROGRESS_PREFIX
 from p2pfl.data import build_partition
 from p2pfl.errors import ConfigError
 from p2pfl.models import build_model
@@ -31,6 +30,7 @@ from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.roster import ROSTER_FILE, write_roster
 from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.status import PROGRESS_PREFIX
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.transport import free_ports

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.node import ENDED_BADLY
+from p2pfl.runtime.status import ENDED_BADLY
 from p2pfl.runtime.run_folder import RunFolder
 
 RESERVE_TIMEOUT_S = 120.0  # how long an actor may take to be placed and report its address

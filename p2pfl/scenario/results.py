@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.runtime.config import node_ids
-from p2pfl.runtime.node import ENDED_BADLY
+from p2pfl.runtime.status import ENDED_BADLY
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records, write_json_atomic
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology

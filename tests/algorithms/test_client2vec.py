@@ -11,6 +11,7 @@ import torch
 
 from p2pfl.algorithms import build_strategy, needs_coordinator
 from p2pfl.algorithms.client2vec import Client2Vec
+from p2pfl.scenario.run_inputs import resolve_run_inputs
 from p2pfl.core.client2vec import ClientIndex, aggregation_weights, cohort_similarity, exclusion_window
 from p2pfl.errors import ConfigError
 from p2pfl.models import cnn, part_state
@@ -189,7 +190,7 @@ def test_indices_from_an_earlier_run_are_adopted_exactly_and_refused_on_other_da
     own = len(ctx.data.train)
     path = tmp_path / "results.json"
     written = write_results(path, n_train={"node-0": own, **{p: 40 for p in PEERS}})
-    strategy = build_strategy("client2vec", {"indices_from": str(path)})
+    strategy = build_strategy("client2vec", resolve_run_inputs("client2vec", {"indices_from": str(path)}, 3))
     assert not strategy.needs_coordinator  # the global strategy's coordinator is not needed to reuse
     strategy.setup(ctx)
     for node, index in written.items():
@@ -199,22 +200,23 @@ def test_indices_from_an_earlier_run_are_adopted_exactly_and_refused_on_other_da
 
     write_results(path, seed=4, n_train={"node-0": own, **{p: 40 for p in PEERS}})
     with pytest.raises(ValueError, match="seed 4 \\(this run: 3\\)"):
-        build_strategy("client2vec", {"indices_from": str(path)}).setup(make_ctx())
+        build_strategy("client2vec", resolve_run_inputs("client2vec", {"indices_from": str(path)}, 3)).setup(make_ctx())
     write_results(path, n_train={"node-0": own + 1, **{p: 40 for p in PEERS}})
     with pytest.raises(ValueError, match=f"node-0 trained on {own + 1} samples"):
-        build_strategy("client2vec", {"indices_from": str(path)}).setup(make_ctx())
+        build_strategy("client2vec", resolve_run_inputs("client2vec", {"indices_from": str(path)}, 3)).setup(make_ctx())
     with pytest.raises(ConfigError, match="indices_from: cannot read"):
-        build_strategy("client2vec", {"indices_from": str(tmp_path / "missing.json")})
+        resolve_run_inputs("client2vec", {"indices_from": str(tmp_path / "missing.json")}, 3)
     (tmp_path / "other.json").write_text('{"nodes": []}')
     with pytest.raises(ConfigError, match="holds no Client2Vec indices"):
-        build_strategy("client2vec", {"indices_from": str(tmp_path / "other.json")})
+        build_strategy("client2vec", resolve_run_inputs("client2vec", {"indices_from": str(tmp_path / "other.json")}, 3))
 
 
 def test_indices_from_with_a_seed_placeholder_reads_the_run_of_this_seed(tmp_path) -> None:
     ctx = make_ctx()
     (tmp_path / "seed3").mkdir()
     written = write_results(tmp_path / "seed3" / "results.json", n_train={"node-0": len(ctx.data.train), **{p: 40 for p in PEERS}})
-    strategy = build_strategy("client2vec", {"indices_from": str(tmp_path / "seed{seed}" / "results.json")})
+    params = resolve_run_inputs("client2vec", {"indices_from": str(tmp_path / "seed{seed}" / "results.json")}, ctx.seed)
+    strategy = build_strategy("client2vec", params)
     strategy.setup(ctx)  # ctx.seed == 3
     assert torch.equal(strategy.indices["node-4"].full, written["node-4"].full)
 
@@ -242,3 +244,10 @@ def test_a_restored_strategy_trains_exactly_as_the_one_that_wrote_the_checkpoint
     bad["eq4"]["projection"]["float32"] = bad["eq4"]["projection"]["float32"][:-8]
     with pytest.raises(ValueError, match="needs .* bytes"):
         build_strategy("client2vec", {}).load_state_dict(bad)
+
+
+def test_a_path_the_scenario_layer_did_not_read_is_a_clear_error_not_a_file_read(tmp_path) -> None:
+    """The algorithm never reads files: `indices_from` reaches it read (p2pfl.scenario.run_inputs)."""
+    strategy = build_strategy("client2vec", {"indices_from": str(tmp_path / "seed{seed}" / "results.json")})
+    with pytest.raises(RuntimeError, match="was not read: the scenario layer reads it"):
+        strategy.setup(make_ctx())

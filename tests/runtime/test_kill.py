@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from p2pfl.assembly import PROGRESS_PREFIX
+from p2pfl.runtime.status import PROGRESS_PREFIX
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pfl.assembly import PROGRESS_PREFIX, assemble_node
+from p2pfl.assembly import assemble_node
+from p2pfl.runtime.status import PROGRESS_PREFIX
 from p2pfl.runtime.checkpoint import CheckpointError
 from p2pfl.runtime.node import Node
 from p2pfl.runtime.safeguard import LocalSafeguard

@@ -9,7 +9,7 @@ import torch
 
 from p2pfl.errors import ConfigError
 from p2pfl.report.tables import deployed_at_level
-from p2pfl.core.sign_test import disagreements, evidence_z, prefer_federated
+from p2pfl.core.evidence import disagreements, evidence_z, prefer_federated
 from p2pfl.runtime.safeguard import GRID, choose, mix
 from p2pfl.scenario.schema import load_scenario
 
