@@ -146,7 +146,7 @@ def test_lan_writes_the_same_files_and_takes_set(tmp_path, capsys) -> None:
     assert main(["lan", str(scenario), "--hosts", "10.0.0.1:9000,10.0.0.2:9000", "--out", str(out),
                  "--set", "rounds=7"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["node-0.key", "node-0.toml", "node-1.key", "node-1.toml",
-                                                     "roster.toml"]
+                                                     "roster.toml", "scenario.toml"]  # self-contained
     config = load_node_config(out / "node-1.toml")
     assert config.overrides == ("rounds=7",) and config.index == 1 and config.port == 9000
     assert load_roster(out / "roster.toml").nodes["node-0"].url == "http://10.0.0.1:9000"
