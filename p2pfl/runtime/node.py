@@ -35,7 +35,7 @@ from p2pfl.runtime.checkpoint import (
 )
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
-from p2pfl.runtime.peer_claims import ClaimRefused, DeclaredSizes, capped_size, check_magnitude
+from p2pfl.runtime.peer_claims import ClaimRefused, DeclaredSizes, capped_size, check_magnitude, part_norm
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.safeguard import Deployment, Safeguard
@@ -125,6 +125,7 @@ class Node:
         self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
         self.declared_sizes = DeclaredSizes()
         self.refused: dict[str, str] = {}  # peer -> why its part was refused this round
+        self._own_norms: dict[str, float] = {}  # part -> its norm this round, what a peer's is bounded by
         self.restarts: list[dict[str, Any]] = []  # each --resume of this node: after which round, when
         self.checkpoint_path = self.folder.checkpoint(config.id)
 
@@ -166,7 +167,9 @@ class Node:
         settings = self.settings
         if h.part not in self.extra:  # a model part; the strategy's extra parts (setup steps, statistics) are its own
             tensors = dequantize(tensors, self.specs[h.part], self.precision)  # extra parts travel at full precision
-            check_magnitude(h.sender, h.part, tensors, part_state(self.model, h.part), settings.max_norm_ratio)
+            if h.part not in self._own_norms:  # once per part and round: the own model is still while parts arrive
+                self._own_norms[h.part] = part_norm(part_state(self.model, h.part))
+            check_magnitude(h.sender, h.part, tensors, self._own_norms[h.part], settings.max_norm_ratio)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
                 self.declared_sizes.check(h.sender, int(meta["n_train"]))
                 meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), settings.max_weight_ratio)
@@ -303,7 +306,7 @@ class Node:
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
         fetches = strategy.configure_fetch(ctx)
-        self.refused = {}
+        self.refused, self._own_norms = {}, {}
         arrived = await self.gather(fetches, r)
         unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived} - set(self.refused))
         clock.switch("aggregate")

@@ -43,10 +43,11 @@ def part_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     return math.sqrt(total)
 
 
-def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
+def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor], own_norm: float,
                     max_norm_ratio: float) -> None:
-    """Refuse `sender`'s `part` when its norm is over `max_norm_ratio` times the own part's (at least 1)."""
-    bound = max_norm_ratio * max(part_norm(own), 1.0)
+    """Refuse `sender`'s `part` when its norm is over `max_norm_ratio` times `own_norm`, the node's
+    own part's `part_norm` (at least 1)."""
+    bound = max_norm_ratio * max(own_norm, 1.0)
     norm = part_norm(tensors)
     if not norm <= bound:
         raise ClaimRefused(f"{sender}/{part} has norm {norm:.3g}, over {max_norm_ratio:g} times this node's own "

@@ -33,11 +33,11 @@ def test_a_part_norm_is_exact_in_float64_where_float32_squares_overflow() -> Non
 
 
 def test_magnitude_bound_is_relative_to_the_own_part_with_a_floor_of_one() -> None:
-    own = {"w": torch.full((10,), 0.5)}  # norm 1.58
+    own = part_norm({"w": torch.full((10,), 0.5)})  # 1.58
     check_magnitude("node-1", "body", {"w": torch.full((10,), 100.0)}, own, 1000.0)  # 316 < 1581: taken
     with pytest.raises(ClaimRefused, match="node-1/body has norm"):
         check_magnitude("node-1", "body", {"w": torch.full((10,), 1000.0)}, own, 1000.0)
-    zeros = {"w": torch.zeros(10)}  # a fresh zero-initialised part bounds at 1000, not at 0
+    zeros = part_norm({"w": torch.zeros(10)})  # a fresh zero-initialised part bounds at 1000, not at 0
     check_magnitude("node-1", "head", {"w": torch.full((10,), 3.0)}, zeros, 1000.0)
     with pytest.raises(ClaimRefused):  # non-finite norms are never under a bound
         check_magnitude("node-1", "head", {"w": torch.tensor([float("inf")])}, zeros, 1000.0)
