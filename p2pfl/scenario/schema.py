@@ -166,10 +166,9 @@ class RuntimeSpec:
                               f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")
 
 
-# Runtime fields added after runs were published: at these values they leave a scenario's
+# Runtime fields added after runs were published: at their defaults they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
-RUNTIME_ADDED_DEFAULTS: dict[str, Any] = {"max_weight_ratio": DEFAULT_MAX_WEIGHT_RATIO,
-                                          "max_norm_ratio": DEFAULT_MAX_NORM_RATIO, "buffered_mb": 256.0}
+RUNTIME_ADDED = ("max_weight_ratio", "max_norm_ratio", "buffered_mb")
 
 
 @dataclass(frozen=True)
@@ -195,8 +194,8 @@ class Scenario:
         }
         for key in ("data", "model", "train", "runtime", "privacy"):
             out[key] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(getattr(self, key)).items()}
-        for key, default in RUNTIME_ADDED_DEFAULTS.items():  # absent at their defaults: old run folders still match
-            if out["runtime"][key] == default:
+        for key in RUNTIME_ADDED:  # absent at their defaults: old run folders still match
+            if out["runtime"][key] == RuntimeSpec.__dataclass_fields__[key].default:
                 del out["runtime"][key]
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
         if self.algorithm.safeguard is not None:  # absent when off: old run folders still match

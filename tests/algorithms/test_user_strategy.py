@@ -3,6 +3,7 @@ built-in. The module below is docs/algorithms.md's "write your own strategy" exa
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -41,7 +42,7 @@ class TrimmedMean(Strategy):
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "my_strategies.py").write_text(TRIMMED_MEAN)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     yield tmp_path
     sys.modules.pop("my_strategies", None)
 
