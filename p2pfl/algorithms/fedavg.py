@@ -1,9 +1,15 @@
-"""Decentralized FedAvg: every node averages the latest models of all peers, weighted by sample count."""
+"""Decentralized FedAvg: every node averages the latest models of all peers, weighted by sample count.
+
+`aggregation = "median"` or `"trimmed_mean"` (with `trim`) replaces the weighted mean with a
+coordinate-wise robust aggregate of the own model and the peers' (`p2pfl.core.robust`), for runs
+where a peer may be poisoning; FedProx inherits the option.
+"""
 
 from __future__ import annotations
 
 from p2pfl.algorithms import register
 from p2pfl.core.influence import RunningWeightedMean
+from p2pfl.core.robust import ROBUST_RULES, robust_aggregate, trimmed_count
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
 
@@ -17,7 +23,13 @@ class FedAvg(Strategy):
     shared_parts = ("full",)
     folds_arrivals = True
 
-    def __init__(self) -> None:
+    def __init__(self, aggregation: str = "mean", trim: float = 0.1) -> None:
+        if aggregation not in ("mean", *ROBUST_RULES):
+            raise ValueError(f"aggregation must be one of {('mean', *ROBUST_RULES)}, got {aggregation!r}")
+        trimmed_count(1, trim)  # the range check, before the first round
+        self.aggregation, self.trim = aggregation, trim
+        # A robust rule needs every model of the round at once; only the mean is summed as they arrive.
+        self.folds_arrivals = aggregation == "mean"
         self._mean: RunningWeightedMean | None = None
 
     def configure_fetch(self, ctx: RoundContext) -> list[Fetch]:
@@ -34,6 +46,13 @@ class FedAvg(Strategy):
         return True
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
+        if self.aggregation != "mean":
+            models = [m for m in arrived if m.part == "full"]
+            if models:
+                states = [part_state(ctx.model, "full"), *(m.tensors for m in models)]
+                load_part(ctx.model, robust_aggregate(states, self.aggregation, self.trim))
+            ctx.artefacts.record("aggregated_from", [m.sender for m in models])
+            return
         for m in arrived:
             if m.tensors:  # handed over whole rather than folded as it arrived
                 self.fold(ctx, m)

@@ -35,7 +35,8 @@ from p2pfl.runtime.checkpoint import (
 )
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
-from p2pfl.runtime.peer_claims import ClaimRefused, DeclaredSizes, capped_size, check_magnitude, part_norm
+from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, bound_update, capped_size, check_magnitude, part_norm,
+                                      update_norm)
 from p2pfl.runtime.placement import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.safeguard import Deployment, Safeguard
@@ -126,6 +127,8 @@ class Node:
         self.declared_sizes = DeclaredSizes()
         self.refused: dict[str, str] = {}  # peer -> why its part was refused this round
         self._own_norms: dict[str, float] = {}  # part -> its norm this round, what a peer's is bounded by
+        self.bounded: dict[str, str] = {}  # peer -> how its part was pulled back this round (update_bound)
+        self._own_updates: dict[str, float] = {}  # part -> how far this round's training moved it
         self.restarts: list[dict[str, Any]] = []  # each --resume of this node: after which round, when
         self.checkpoint_path = self.folder.checkpoint(config.id)
 
@@ -170,10 +173,28 @@ class Node:
             if h.part not in self._own_norms:  # once per part and round: the own model is still while parts arrive
                 self._own_norms[h.part] = part_norm(part_state(self.model, h.part))
             check_magnitude(h.sender, h.part, tensors, self._own_norms[h.part], settings.max_norm_ratio)
+            if h.sender != COORDINATOR_ID and self.ctx.round_start:
+                tensors = self._bounded(h.sender, h.part, tensors)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
                 self.declared_sizes.check(h.sender, int(meta["n_train"]))
                 meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), settings.max_weight_ratio)
         return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
+
+    def _bounded(self, sender: str, part: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`tensors` within `update_bound` times this node's own update of `part` this round
+        (`p2pfl.runtime.peer_claims.bound_update`); a part pulled back names its sender in the round."""
+        if not self.settings.update_bound > 0:
+            return tensors
+        start = {k: v for k, v in self.ctx.round_start.items() if k in tensors}
+        if part not in self._own_updates:
+            self._own_updates[part] = update_norm(part_state(self.model, part), start)
+        clipped = bound_update(tensors, start, self._own_updates[part], self.settings.update_bound)
+        if clipped is None:
+            return tensors
+        tensors, distance, bound = clipped
+        self.bounded[sender] = (f"{part} moved {distance:.3g} from this node's round start, over "
+                                f"{self.settings.update_bound:g} x its own update ({bound:.3g}); pulled back to it")
+        return tensors
 
     def _refuse(self, sender: str, exc: ClaimRefused) -> None:
         self.refused[sender] = str(exc)
@@ -306,7 +327,7 @@ class Node:
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
         fetches = strategy.configure_fetch(ctx)
-        self.refused, self._own_norms = {}, {}
+        self.refused, self.bounded, self._own_norms, self._own_updates = {}, {}, {}, {}
         arrived = await self.gather(fetches, r)
         unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived} - set(self.refused))
         clock.switch("aggregate")
@@ -354,6 +375,8 @@ class Node:
         }
         if self.refused:  # parts whose claims were over a bound (p2pfl.runtime.peer_claims)
             record["peers_refused"] = dict(self.refused)
+        if self.bounded:  # parts pulled back within runtime.update_bound of this node's own update
+            record["peers_bounded"] = dict(self.bounded)
         if refused is not None:
             record["aggregate_refused"] = refused
         record.update(safeguard_record)

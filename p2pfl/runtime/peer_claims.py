@@ -16,6 +16,16 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
   values of 1e37 pass the wire's NaN check, get averaged in, and the next round trains to NaN; no
   honest peer's model is a thousand times larger than one's own.
 
+* **Update**: a model part is at most `update_bound` times as far from the node's own model at
+  the round's start as the node's own training moved that model this round, ‖θ_peer − θ_start‖ ≤
+  c·‖θ_own − θ_start‖; a part farther away is pulled back along the same line onto that sphere
+  (norm clipping, as in Sun et al. 2019, "Can you really backdoor federated learning?"), and
+  the peer is named in the round's record. A sign-flipped update ×1000 or noise as large as a
+  model then moves an average no more than c honest updates would. The bound reads honest
+  peers as near one's own model, which holds for FedAvg's neighbours; personalised models and
+  nodes with far less data than their peers (smaller steps) bound honest peers too, and the
+  record says how often. The coordinator's global model is not bounded: it is the reference.
+
 A refusal raises `ClaimRefused` (a 422 for a pushed part); the node records the peer and reason
 in the round's record and goes on without that part.
 """
@@ -52,6 +62,38 @@ def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor],
     if not norm <= bound:
         raise ClaimRefused(f"{sender}/{part} has norm {norm:.3g}, over {max_norm_ratio:g} times this node's own "
                            f"({bound / max_norm_ratio:.3g}, bound {bound:.3g})")
+
+
+def update_norm(part: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor]) -> float:
+    """‖part − start‖ over the floating tensors both hold, in float64."""
+    total = 0.0
+    for k, t in part.items():
+        if t.is_floating_point() and k in start and t.numel():
+            diff = t.detach().to(torch.float64) - start[k].detach().to(t.device, torch.float64)
+            total += float(torch.linalg.vector_norm(diff) ** 2)
+    return math.sqrt(total)
+
+
+def bound_update(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor], own_update: float,
+                 update_bound: float) -> tuple[dict[str, torch.Tensor], float, float] | None:
+    """`tensors` pulled onto the sphere of radius `update_bound`·`own_update` around `start`, with
+    the distance it had and the bound; None when it is inside (or the bound is off: 0, or the node
+    did not move, `own_update` 0, and so gives no scale)."""
+    if not update_bound > 0 or not own_update > 0:
+        return None
+    bound = update_bound * own_update
+    distance = update_norm(tensors, start)
+    if distance <= bound:
+        return None
+    keep = bound / distance
+    clipped: dict[str, torch.Tensor] = {}
+    for k, t in tensors.items():
+        if t.is_floating_point() and k in start:
+            origin = start[k].detach().to(t.device, torch.float64)
+            clipped[k] = (origin + (t.to(torch.float64) - origin) * keep).to(t.dtype)
+        else:
+            clipped[k] = t
+    return clipped, distance, bound
 
 
 class DeclaredSizes:

@@ -12,6 +12,7 @@ from typing import Any
 
 DEFAULT_MAX_WEIGHT_RATIO = 4.0  # runtime.max_weight_ratio (p2pfl.runtime.peer_claims)
 DEFAULT_MAX_NORM_RATIO = 1000.0  # runtime.max_norm_ratio
+DEFAULT_UPDATE_BOUND = 3.0  # runtime.update_bound; 0 turns it off
 SAFEGUARD_KINDS = ("mix", "local")  # algorithm.safeguard (p2pfl.runtime.safeguard); torch-free, for the schema
 
 
@@ -30,5 +31,6 @@ class NodeSettings:
     wire_precision: str
     max_weight_ratio: float         # p2pfl.runtime.peer_claims
     max_norm_ratio: float
+    update_bound: float             # a peer part's distance from the round start, in own updates (0: off)
     # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)

@@ -143,7 +143,8 @@ class Strategy:
     shared_parts: ClassVar[tuple[str, ...]] = ("full", "body", "head")
     # True: the runtime hands each peer part to `fold` the moment it arrives and keeps none of
     # their tensors; `aggregate` then gets the arrivals without tensors (sender, version, meta).
-    folds_arrivals: ClassVar[bool] = False
+    # An instance may set it from its parameters (FedAvg's robust rules need every model at once).
+    folds_arrivals: bool = False
     # Parameters that name an earlier run's results.json ("{seed}" stands for the run's seed): the
     # scenario layer reads each and hands the strategy a `RunResults`, so no algorithm reads files.
     reads_runs: ClassVar[tuple[str, ...]] = ()

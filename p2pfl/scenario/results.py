@@ -58,15 +58,26 @@ def download_warning(health: Mapping[str, Any]) -> str | None:
             "fewer peers than the scenario says, so do not compare this run with one where they answered")
 
 
-def refused_peers(nodes: list[Mapping[str, Any]]) -> dict[str, int]:
+def refused_peers(nodes: list[Mapping[str, Any]], key: str = "peers_refused") -> dict[str, int]:
     """Per peer, in how many node-rounds its part was refused for a claim over a bound
-    (`peers_refused` in the round records, `p2pfl.runtime.peer_claims`)."""
+    (`peers_refused` in the round records, `p2pfl.runtime.peer_claims`), or with
+    `key="peers_bounded"` pulled back within `runtime.update_bound`."""
     counts: dict[str, int] = {}
     for n in nodes:
         for r in n.get("rounds", []):
-            for peer in r.get("peers_refused") or {}:
+            for peer in r.get(key) or {}:
                 counts[peer] = counts.get(peer, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def bounded_warning(bounded: Mapping[str, int], node_rounds: int) -> str | None:
+    """A line naming the peers whose parts were pulled back within runtime.update_bound, or None."""
+    if not bounded:
+        return None
+    listed = ", ".join(f"{peer} ({count} of {node_rounds} node-rounds)" for peer, count in bounded.items())
+    return (f"warning: parts pulled back within runtime.update_bound of the receiving node's own update: {listed}; "
+            "a poisoning peer, or honest peers far from their neighbours (personalised models, much larger "
+            "training splits): the round records' `peers_bounded` say how far")
 
 
 def degraded_warning(degraded: Mapping[str, list[int]]) -> str | None:
@@ -191,6 +202,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "nodes_degraded": {n["id"]: n.get("rounds_alone") for n in nodes if n.get("status") == "degraded"},
         "downloads": download_health(nodes),
         "peers_refused": refused_peers(nodes),
+        "peers_bounded": refused_peers(nodes, "peers_bounded"),
     }
     if coordinator is not None and coordinator.get("rounds"):
         held = [r.get("held_out_acc") for r in coordinator["rounds"] if r.get("held_out_acc") is not None]
@@ -307,7 +319,9 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append("nodes resumed from a checkpoint (--resume): " + "; ".join(
             f"{nid} after round{'s' if len(after) > 1 else ''} {', '.join(map(str, after))}"
             for nid, after in restarted.items()))
+    node_rounds = sum(1 for n in results["nodes"] for r in n.get("rounds", []) if r.get("participated", True))
     for warning in (download_warning(s["downloads"]), refusal_warning(s.get("peers_refused") or {}),
+                    bounded_warning(s.get("peers_bounded") or {}, node_rounds),
                     degraded_warning(s.get("nodes_degraded") or {})):
         if warning is not None:
             lines.append(warning)

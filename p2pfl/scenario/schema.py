@@ -27,7 +27,7 @@ else:  # pragma: no cover
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
 from p2pfl.runtime.precision import WIRE_PRECISIONS
-from p2pfl.runtime.settings import DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, SAFEGUARD_KINDS
+from p2pfl.runtime.settings import DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND, SAFEGUARD_KINDS
 from p2pfl.runtime.topology import Topology
 from p2pfl.training import TrainConfig
 
@@ -134,6 +134,9 @@ class RuntimeSpec:
     # of the node's own part is refused.
     max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
     max_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
+    # A peer's model part is pulled back to at most this many times the distance the node's own
+    # training moved its model this round (norm clipping against poisoning); 0 turns it off.
+    update_bound: float = DEFAULT_UPDATE_BOUND
     buffered_mb: float = 256.0        # bodies of pushes read at once, all senders together; beyond it: 429
 
     def __post_init__(self) -> None:
@@ -161,6 +164,9 @@ class RuntimeSpec:
             if not getattr(self, name) >= 1:
                 raise ConfigError(f"runtime.{name}", f"must be >= 1 (a bound on a peer's claim relative to this "
                                                      f"node's own), got {getattr(self, name)}")
+        if not (self.update_bound == 0 or 1 <= self.update_bound < float("inf")):
+            raise ConfigError("runtime.update_bound", "must be 0 (off) or a finite number >= 1 (times this node's own "
+                                                      f"update), got {self.update_bound}")
         if self.wire_precision not in WIRE_PRECISIONS:
             raise ConfigError("runtime.wire_precision",
                               f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")
@@ -197,6 +203,8 @@ class Scenario:
         for key in RUNTIME_ADDED:  # absent at their defaults: old run folders still match
             if out["runtime"][key] == RuntimeSpec.__dataclass_fields__[key].default:
                 del out["runtime"][key]
+        if out["runtime"]["update_bound"] == 0:  # absent when off, as runs made before it were; on, they differ
+            del out["runtime"]["update_bound"]
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
         if self.algorithm.safeguard is not None:  # absent when off: old run folders still match
             out["algorithm"]["safeguard"] = True if self.algorithm.safeguard == "mix" else self.algorithm.safeguard

@@ -208,3 +208,23 @@ def test_fedavg_folding_arrivals_one_by_one_gives_the_all_at_once_average() -> N
     for k, v in expected.items():
         torch.testing.assert_close(part_state(model, "full")[k], v, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(part_state(model, "full")[k], part_state(reference, "full")[k], rtol=1e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean"])
+def test_fedavg_robust_rules_take_the_own_model_and_every_peer_at_once(rule: str) -> None:
+    from p2pfl.core.robust import robust_aggregate
+
+    torch.manual_seed(0)
+    model = cnn(1, 8, CLASSES)
+    own = {k: v.clone() for k, v in part_state(model, "full").items()}
+    peers = [peer(f"p{i}", perturbed(model, seed=i + 1), "full", 10 * (i + 1)) for i in range(4)]
+    strategy = build_strategy("fedprox" if rule == "median" else "fedavg", {"aggregation": rule, "trim": 0.2})
+    assert not strategy.folds_arrivals  # a robust rule needs every model of the round at once
+    ctx = context(model, peers=tuple(m.sender for m in peers))
+    strategy.aggregate(ctx, peers)
+    expected = robust_aggregate([own, *(m.tensors for m in peers)], rule, 0.2)
+    for k, v in expected.items():
+        torch.testing.assert_close(part_state(model, "full")[k], v)
+    assert ctx.artefacts.records["aggregated_from"] == ["p0", "p1", "p2", "p3"]
+    with pytest.raises(ConfigError, match="aggregation must be one of"):
+        build_strategy("fedavg", {"aggregation": "mode"})

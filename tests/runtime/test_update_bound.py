@@ -1,0 +1,106 @@
+"""Issue 30, finding 12: a poisoning peer's part is pulled back within `runtime.update_bound`
+times the receiving node's own update, and named; robust aggregation for the baselines."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2pfl.errors import ConfigError
+from p2pfl.models import part_state
+from p2pfl.runtime.peer_claims import bound_update, part_norm, update_norm
+from p2pfl.scenario.results import bounded_warning, refused_peers
+from p2pfl.scenario.schema import RuntimeSpec
+from p2pfl.wire import NodeKey, Roster, open_message
+
+from .helpers import build_in_process, model_frame, run_in_process, write_tiny
+from .test_hardening import _serving
+
+
+def test_a_part_outside_the_bound_lands_on_its_sphere_in_the_same_direction() -> None:
+    g = torch.Generator().manual_seed(0)
+    start = {"w": torch.randn(6, 4, generator=g), "b": torch.randn(4, generator=g), "steps": torch.tensor([3])}
+    step = {"w": torch.randn(6, 4, generator=g), "b": torch.randn(4, generator=g)}
+    far = {"w": start["w"] + 1000 * step["w"], "b": start["b"] + 1000 * step["b"], "steps": torch.tensor([9])}
+    distance = update_norm(far, start)
+    by_hand = math.sqrt(sum(float(((far[k].double() - start[k].double()) ** 2).sum()) for k in ("w", "b")))
+    assert distance == pytest.approx(by_hand, rel=1e-12)
+
+    out = bound_update(far, start, own_update=0.5, update_bound=3.0)
+    assert out is not None
+    clipped, was, bound = out
+    assert was == pytest.approx(distance) and bound == pytest.approx(1.5)
+    assert update_norm(clipped, start) == pytest.approx(1.5, rel=1e-5)
+    moved = torch.cat([(clipped[k] - start[k]).flatten() for k in ("w", "b")])
+    wanted = torch.cat([step[k].flatten() for k in ("w", "b")])
+    assert float(torch.nn.functional.cosine_similarity(moved, wanted, dim=0)) == pytest.approx(1.0, abs=1e-5)
+    assert torch.equal(clipped["steps"], far["steps"])  # integer tensors are not geometry
+
+    near = {"w": start["w"] + 1e-3 * step["w"], "b": start["b"], "steps": start["steps"]}
+    assert bound_update(near, start, own_update=0.5, update_bound=3.0) is None  # inside: untouched
+    assert bound_update(far, start, own_update=0.5, update_bound=0.0) is None  # off
+    assert bound_update(far, start, own_update=0.0, update_bound=3.0) is None  # no own step, no scale
+
+
+@pytest.mark.parametrize("value", [0.5, -1.0, float("inf"), float("nan")])
+def test_a_wrong_update_bound_is_named(value: float) -> None:
+    with pytest.raises(ConfigError) as err:
+        RuntimeSpec(update_bound=value)
+    assert err.value.field == "runtime.update_bound"
+
+
+def test_a_node_pulls_a_sign_flipped_part_back_and_names_its_sender(tmp_path: Path) -> None:
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key)
+    node.ctx.round_start = {k: v.detach().clone() for k, v in node.model.state_dict().items()}
+    with torch.no_grad():  # this node's own training this round: 0.01 on every body parameter
+        for name, p in node.model.named_parameters():
+            if name.startswith("body."):
+                p.add_(0.01)
+    start = part_state_of(node.ctx.round_start, "body")
+    own = update_norm(part_state(node.model, "body"), start)
+    flipped = {k: v - 1000 * 0.02 if v.is_floating_point() else v for k, v in start.items()}  # sign-flipped x1000
+    roster = Roster({"node-1": peer_key.public_hex})
+    message = open_message(model_frame(peer_key, node, tensors=flipped), roster=roster, recipient="node-0", replay=None)
+    node.bounded = {}
+    taken = node._peer_model(message)
+    assert update_norm(taken.tensors, start) == pytest.approx(3.0 * own, rel=1e-4)
+    assert "node-1" in node.bounded and "pulled back" in node.bounded["node-1"]
+
+    honest = {k: v + 0.015 if v.is_floating_point() else v for k, v in start.items()}  # 1.5x own: inside
+    node.bounded = {}
+    message = open_message(model_frame(peer_key, node, seq=2, tensors=honest), roster=roster, recipient="node-0",
+                           replay=None)
+    assert all(torch.equal(node._peer_model(message).tensors[k], honest[k]) for k in honest)
+    assert node.bounded == {}
+
+
+def part_state_of(state: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if k.startswith(part + ".")}
+
+
+def _attacked_run(tmp_path: Path, update_bound: float) -> tuple[list[dict], list[float]]:
+    tmp_path.mkdir()
+    scenario = write_tiny(tmp_path, nodes=3, rounds=2, samples=40, extra=(
+        '\n[attack]\nkind = "sign-flip"\nnodes = [0]\nscale = 1000.0\n'))
+    nodes, coordinator = build_in_process(scenario, tmp_path / "run", (f"runtime.update_bound={update_bound}",))
+    results, _, _ = run_in_process(nodes, coordinator)
+    return results, [part_norm(part_state(n.model, "full")) for n in nodes[1:]]
+
+
+def test_finding_12_a_sign_flipping_peer_x1000_is_bounded_and_named(tmp_path: Path) -> None:
+    """Before: honest FedAvg nodes averaged node-0's update reversed x1000 and nobody noticed."""
+    bounded_results, bounded_norms = _attacked_run(tmp_path / "bound", 3.0)
+    open_results, open_norms = _attacked_run(tmp_path / "off", 0.0)
+    for r in bounded_results[1:]:
+        assert r["status"] == "ok"
+        assert all("node-0" in (rec.get("peers_bounded") or {}) for rec in r["rounds"])
+    assert not any(rec.get("peers_bounded") for r in open_results for rec in r["rounds"])
+    warning = bounded_warning(refused_peers(bounded_results, "peers_bounded"), 6)
+    assert warning is not None and "node-0 (4 of 6 node-rounds)" in warning and "update_bound" in warning
+    # Unbounded, the reversed update x1000 weighs a third of each honest average: the models grow
+    # by orders of magnitude; bounded, they stay the size of a trained model.
+    assert max(bounded_norms) * 10 < min(open_norms)
