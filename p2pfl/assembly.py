@@ -42,13 +42,12 @@ from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguar
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.status import PROGRESS_PREFIX, exit_status
 from p2pfl.runtime.strategy import COORDINATOR_ID
-from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.topology import Topology
-from p2pfl.runtime.transport import Endpoint, ServerLimits
+from p2pfl.scenario.carriers import build_carrier
 from p2pfl.scenario.run_inputs import resolve_run_inputs
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
-from p2pfl.wire import NodeKey, Roster, WireLimits
+from p2pfl.wire import NodeKey
 
 
 
@@ -97,16 +96,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     if config.coordinator is not None:
         infos[COORDINATOR_ID] = config.coordinator
     counter = ByteCounter()
-    transport = Endpoint(
-        node_id=config.id, key=key, roster=Roster({pid: info.public_key for pid, info in infos.items()}),
-        urls={pid: info.url for pid, info in infos.items()}, counter=counter,
-        limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
-        held_bytes=int(sc.runtime.held_mb * 2**20),
-        server_limits=ServerLimits(max_buffered_body_bytes=int(sc.runtime.buffered_mb * 2**20)),
-        max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=logging.getLogger(f"p2pfl.{config.id}"),
-        tls=server_context(key, config.id) if sc.runtime.tls else None,
-        pins={pid: info.tls_fingerprint for pid, info in infos.items() if info.tls_fingerprint},
-    )
+    transport = build_carrier(sc, config.id, key, infos, counter)
     params = resolve_run_inputs(sc.algorithm.name, sc.algorithm.params, sc.seed)  # an earlier run's results, read
     parts = NodeParts(
         data=data, device=device, model=model, trainer=trainer,

@@ -34,14 +34,13 @@ from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, restore_ru
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
-from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.placement import host_snapshot, node_device, split_to_device, to_device
-from p2pfl.runtime.transport import Endpoint, ServerLimits
 from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Reply, Submission
-from p2pfl.runtime.transport_api import SETUP_PREFIX, Transport
+from p2pfl.runtime.transport import SETUP_PREFIX, Transport
+from p2pfl.scenario.carriers import build_carrier
 from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training import LocalTrainer
-from p2pfl.wire import Message, NodeKey, Roster, WireLimits
+from p2pfl.wire import Message, NodeKey
 
 
 
@@ -86,20 +85,12 @@ class Coordinator:
         self.rounds: list[dict[str, Any]] = []
         self.setup_record: dict[str, Any] | None = None
         self.key = key = NodeKey.load(config.key_file)
-        self.endpoint: Transport = Endpoint(
-            node_id=config.id, key=key,
-            roster=Roster({pid: p.public_key for pid, p in config.peers.items()}),
-            urls={pid: p.url for pid, p in config.peers.items()}, counter=self.counter,
-            limits=WireLimits(max_message_bytes=int(sc.runtime.message_limit_mb * 2**20)),
-            held_bytes=int(sc.runtime.held_mb * 2**20),
-            server_limits=ServerLimits(max_buffered_body_bytes=int(sc.runtime.buffered_mb * 2**20)),
+        self.endpoint: Transport = build_carrier(sc, config.id, key, config.peers, self.counter, self.log)
+        self.endpoint.attach(
             expected_for=lambda kind, part: self._declared(kind, "spec"),
             meta_schema_for=lambda kind, part: self._declared(kind, "meta"),
             on_message=self._on_submission, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
             on_departed=self._on_departed,
-            max_skew_s=sc.runtime.max_skew_s, retry_s=sc.runtime.connect_retry_s, log=self.log,
-            tls=server_context(key, config.id) if sc.runtime.tls else None,
-            pins={pid: p.tls_fingerprint for pid, p in config.peers.items() if p.tls_fingerprint},
         )
 
     def build_half(self) -> CoordinatorHalf:

@@ -33,7 +33,7 @@ from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import PROGRESS_PREFIX
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
-from p2pfl.runtime.transport import free_ports
+from p2pfl.scenario.ports import free_ports
 from p2pfl.scenario.ray_placement import RayWorkers, connect
 from p2pfl.scenario.results import STOPPED, format_summary, write_results
 from p2pfl.scenario.schema import Scenario, apply_overrides, load_scenario, scenario_differences, scenario_from_dict
@@ -320,6 +320,9 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
                live_view: LiveView | None = None) -> tuple[dict[str, Any], int]:
     out = Path(out)
     started = time.perf_counter()
+    if scenario.runtime.transport == "loopback" and uses_coordinator(scenario):
+        raise ConfigError("runtime.transport", f"{scenario.algorithm.name} runs a coordinator, which is a process of "
+                                               "its own: loopback cannot reach it; use \"http\"")
     # Before any process starts: a partition that cannot be made (too few samples for
     # min_size, classes_per_node over the classes there are) is an error now, not in every node.
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed, only=[])
@@ -385,6 +388,8 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
     scenario = load_scenario(scenario_path, overrides)  # a bad --set fails here, not on every host
     if len(addresses) != scenario.nodes:
         raise ConfigError("--hosts", f"the scenario has {scenario.nodes} nodes but {len(addresses)} addresses were given")
+    if scenario.runtime.transport == "loopback":
+        raise ConfigError("runtime.transport", "loopback reaches nodes of one process only; a LAN needs \"http\"")
     with_coordinator = uses_coordinator(scenario)
     if with_coordinator and coordinator_address is None:
         raise ConfigError("--coordinator", f"{scenario.algorithm.name} needs a coordinator address (host:port)")

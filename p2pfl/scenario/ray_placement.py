@@ -83,7 +83,7 @@ class NodeWorker:
         """This host's address as peers reach it, and `count` free ports on it."""
         import ray
 
-        from p2pfl.runtime.transport import free_ports
+        from p2pfl.scenario.ports import free_ports
 
         host = ray.util.get_node_ip_address()
         return host, free_ports(count, host)

@@ -29,6 +29,7 @@ from p2pfl.plugins import is_reference, resolve
 from p2pfl.runtime.precision import WIRE_PRECISIONS
 from p2pfl.runtime.settings import DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND, SAFEGUARD_KINDS
 from p2pfl.runtime.topology import Topology
+from p2pfl.runtime.transport import CARRIERS
 from p2pfl.training import TrainConfig
 
 TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
@@ -138,6 +139,9 @@ class RuntimeSpec:
     # training moved its model this round (norm clipping against poisoning); 0 turns it off.
     update_bound: float = DEFAULT_UPDATE_BOUND
     buffered_mb: float = 256.0        # bodies of pushes read at once, all senders together; beyond it: 429
+    # The carrier between nodes (p2pfl.runtime.transport): "http" between processes and machines;
+    # "loopback" hands the same signed frames over in memory, for nodes that share one process.
+    transport: str = "http"
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
@@ -167,6 +171,14 @@ class RuntimeSpec:
         if not (self.update_bound == 0 or 1 <= self.update_bound < float("inf")):
             raise ConfigError("runtime.update_bound", "must be 0 (off) or a finite number >= 1 (times this node's own "
                                                       f"update), got {self.update_bound}")
+        if self.transport not in CARRIERS and ":" not in self.transport:
+            raise ConfigError("runtime.transport", f"unknown transport {self.transport!r}; choose one of "
+                                                   f"{', '.join(sorted(CARRIERS))}, or name one as 'pkg.module:factory'")
+        if self.transport == "loopback" and not (self.placement == "shared" and self.workers == 1):
+            raise ConfigError("runtime.transport", "loopback carries frames between nodes of one process only: set "
+                                                   "runtime.placement = \"shared\" and runtime.workers = 1")
+        if self.transport == "loopback" and self.tls:
+            raise ConfigError("runtime.transport", "loopback has no sockets to encrypt: runtime.tls = true needs \"http\"")
         if self.wire_precision not in WIRE_PRECISIONS:
             raise ConfigError("runtime.wire_precision",
                               f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")
@@ -174,7 +186,7 @@ class RuntimeSpec:
 
 # Runtime fields added after runs were published: at their defaults they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
-RUNTIME_ADDED = ("max_weight_ratio", "max_norm_ratio", "buffered_mb")
+RUNTIME_ADDED = ("max_weight_ratio", "max_norm_ratio", "buffered_mb", "transport")
 
 
 @dataclass(frozen=True)

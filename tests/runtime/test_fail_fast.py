@@ -63,7 +63,7 @@ def test_withdrawing_ends_the_reads_waiting_on_a_failed_node_at_once() -> None:
     """Otherwise a peer's long-poll held the failed node's shutdown for its whole timeout."""
     import asyncio
 
-    from p2pfl.runtime.transport import PartStore
+    from p2pfl.runtime.transport.stores import PartStore
 
     async def scenario() -> tuple[object, float]:
         store = PartStore()

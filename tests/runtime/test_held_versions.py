@@ -13,7 +13,7 @@ from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.placement import host_snapshot
-from p2pfl.runtime.transport import published_bytes
+from p2pfl.runtime.transport.stores import published_bytes
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
 
@@ -63,7 +63,7 @@ def test_a_read_gets_the_earliest_held_version_at_or_after_the_one_asked_for(tmp
 
 
 def test_the_latest_version_is_served_whatever_the_room() -> None:
-    from p2pfl.runtime.transport import PartStore, Published
+    from p2pfl.runtime.transport.stores import PartStore, Published
     from p2pfl.wire.body import encode_body
 
     async def scenario_() -> list[int]:

@@ -16,7 +16,7 @@ from p2pfl.cli import main
 from p2pfl.models import part_state
 from p2pfl.runtime.placement import host_snapshot
 from p2pfl.runtime.strategy import Fetch
-from p2pfl.runtime.transport import free_ports
+from p2pfl.scenario.ports import free_ports
 from p2pfl.wire import NodeKey
 
 from .helpers import build_in_process, lone_node, scenario_of, write_tiny

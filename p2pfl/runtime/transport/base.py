@@ -1,0 +1,268 @@
+"""What every carrier does the same way, whatever moves its bytes: the version stores, sealing an
+answer, taking a verified message, goodbyes, and waiting for peers by their status.
+
+A carrier subclasses `Carrier` and supplies the four moves that touch its medium: `start`,
+`close`, `_fetch` (one read of a peer's part) and `push` (one frame to a peer's inbox), plus
+`status_of`. Everything it receives goes through `open_message` before `_take`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from p2pfl.runtime.accounting import CONTROL
+from p2pfl.runtime.metadata import GOODBYE_META, Schema, check_meta
+from p2pfl.runtime.rejections import RejectionLog
+from p2pfl.runtime.transport.stores import SETUP_PREFIX, PartStore, Published, SetupStore
+from p2pfl.wire import EncodedBody, Frame, Message, ReplayGuard, WireError, encode_body, open_message, seal_frame
+from p2pfl.wire.errors import quote
+
+ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
+STATUS_POLLS_AT_ONCE = 8  # per node, while waiting for peers to come up
+STATUS_POLL_TIMEOUT_S = 5.0
+REJECTED = "rejected"  # bytes of messages that failed validation still crossed the wire
+GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
+MAX_WAIT_S = 600.0
+MAX_VERSION = 2**62
+
+
+class Refused(Exception):
+    """An answer that is not a frame: (status, text), as an HTTP server would give it."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status, self.text = status, text
+
+
+class Carrier:
+    def __init__(self, settings: Any) -> None:  # a TransportSettings (the package face imports this module)
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.key = settings.key
+        self.roster = settings.roster
+        self.urls = dict(settings.urls)
+        self.counter = settings.counter
+        self.limits = settings.limits
+        self.server_limits = settings.server_limits
+        self.retry_s = settings.retry_s
+        self.expected_for: Callable[[str, str], ExpectedSpec | None] = lambda kind, part: None
+        self.meta_schema_for: Callable[[str, str], Schema | None] = lambda kind, part: None
+        self.on_message: Callable[[Message], None] = lambda message: None
+        self.status: Callable[[], dict[str, Any]] = dict
+        self.on_departed: Callable[[str, str], None] | None = None
+        # Peers that said goodbye: fetches from them end at once, now and in later rounds.
+        self.departed: dict[str, str] = {}
+        self._inflight: dict[str, set[asyncio.Future[Message | None]]] = {}
+        self.replay = ReplayGuard(max_skew_s=settings.max_skew_s)
+        self.log = settings.log or logging.getLogger(f"p2pfl.{settings.node_id}")
+        self.store = PartStore(settings.held_bytes)
+        # Parts named "setup.*" (the exchange before round 1) have their own versions, so setup
+        # steps never shadow a round's parts.
+        self.setup_store = SetupStore()
+        # Sequence numbers from the clock (microseconds): a restarted node goes on above every
+        # number its peers saw from it before, so they never take its new messages for replays.
+        self._seq = itertools.count(time.time_ns() // 1000)
+        self._reads_by_peer: dict[str, int] = {}
+        self.rejections = RejectionLog(self.log)
+
+    @property
+    def peers(self) -> Mapping[str, str]:
+        return self.urls
+
+    def attach(self, *, expected_for: Callable[[str, str], ExpectedSpec | None], on_message: Callable[[Message], None],
+               status: Callable[[], dict[str, Any]], meta_schema_for: Callable[[str, str], Schema | None],
+               on_departed: Callable[[str, str], None] | None = None) -> None:
+        """Who handles what arrives: built before its node, the carrier learns it here (before `start`)."""
+        self.expected_for, self.on_message, self.status = expected_for, on_message, status
+        self.meta_schema_for, self.on_departed = meta_schema_for, on_departed
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    # ---- serving ----------------------------------------------------------------------
+    async def publish(self, version: int, round_: int, parts: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
+                      addressed: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None) -> None:
+        """Encode each part once; every read of this version reuses the body and only re-seals the header.
+
+        `addressed` (part -> node -> tensors) are replies each served to its node only. Parts
+        named "setup.*" go to the setup store, whose versions are setup steps, not rounds.
+        The encoded body references the tensors' memory: `parts` must be snapshots that
+        nobody changes afterwards (`p2pfl.runtime.placement.host_snapshot`)."""
+        names = list(parts) + list(addressed or {})
+        setup = [n.startswith(SETUP_PREFIX) for n in names]
+        if any(setup) and not all(setup):
+            raise ValueError(f"setup parts and round parts are published separately, got {names}")
+
+        def encode() -> tuple[dict[str, EncodedBody], dict[str, dict[str, EncodedBody]]]:
+            return ({name: encode_body(t) for name, t in parts.items()},
+                    {name: {node: encode_body(t) for node, t in per_node.items()} for name, per_node in (addressed or {}).items()})
+
+        bodies, addressed_bodies = await asyncio.to_thread(encode)
+        store = self.setup_store if any(setup) else self.store
+        await store.publish(Published(version, round_, bodies, dict(meta), addressed_bodies))
+
+    async def sit_out(self, round_: int) -> None:
+        await self.store.sit_out(round_)
+
+    async def withdraw(self) -> None:
+        await self.store.withdraw()
+        await self.setup_store.withdraw()
+
+    async def answer_read(self, part: str, min_version: int, wait: float, requester: str) -> Frame:
+        """The sealed frame of the earliest held version >= `min_version` of `part` for a verified
+        `requester`, waiting up to `wait`; `Refused` (status, text) where there is none."""
+        store: PartStore = self.setup_store if part.startswith(SETUP_PREFIX) else self.store
+        if part.startswith(SETUP_PREFIX):
+            published = await self.setup_store.wait_for_part(min_version, wait, part)
+        else:
+            published = await store.wait_for(min_version, wait)
+        if published is None:
+            if store.withdrawn:
+                raise Refused(410, f"{self.node_id} has withdrawn: it failed and serves nothing more")
+            if store.sitting_out_through >= min_version:
+                raise Refused(404, f"{self.node_id} sits out round {min_version} and has published nothing yet")
+            raise Refused(204, "")
+        body = published.bodies.get(part)
+        if body is None and part in published.addressed:
+            body = published.addressed[part].get(requester)
+            if body is None:
+                raise Refused(404, f"{self.node_id} has no {quote(part, 40)} for {requester}")
+        if body is None:
+            raise Refused(404, f"{self.node_id} does not share part {quote(part, 40)}")
+        return seal_frame(
+            key=self.key, kind="model", sender=self.node_id, recipient=requester, round=published.round,
+            version=published.version, seq=self.next_seq(), part=part, meta=published.meta, body=body,
+        )
+
+    def expectations(self, kind: str, part: str) -> tuple[ExpectedSpec | None, Schema | None]:
+        """The tensors and meta a pushed message of (`kind`, `part`) must carry; None: not accepted."""
+        if kind == GOODBYE:
+            return {}, GOODBYE_META
+        return self.expected_for(kind, part), self.meta_schema_for(kind, part)
+
+    def take(self, message: Message) -> tuple[int, str]:
+        """A verified pushed message handed to the node: (status, text) as the inbox answers it."""
+        if message.header.kind == GOODBYE:
+            self.counter.received(CONTROL, message.total_bytes, 0)
+            self._depart(message.header.sender, str(message.header.meta.get("reason", "")))
+            return 202, "accepted"
+        try:
+            self.on_message(message)
+        except ValueError as exc:
+            self.counter.received(REJECTED, message.total_bytes, 0)
+            status = getattr(exc, "status", 400)
+            self.rejections.add(message.header.sender, status, getattr(exc, "reason", "refused"), str(exc))
+            return status, str(exc)[:1000]
+        self.counter.received(message.header.part or message.header.kind, message.total_bytes, message.param_bytes)
+        return 202, "accepted"
+
+    def _depart(self, peer: str, reason: str) -> None:
+        if peer in self.departed:
+            return
+        self.departed[peer] = reason
+        self.log.warning("%s said goodbye (%s); not waiting for it again", peer, reason or "no reason given")
+        for task in self._inflight.pop(peer, set()):
+            task.cancel()
+        if self.on_departed is not None:
+            self.on_departed(peer, reason)
+
+    # ---- reaching peers ---------------------------------------------------------------
+    async def _fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
+        raise NotImplementedError
+
+    async def push(self, target: str, *, kind: str, part: str, round_: int, version: int,
+                   tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float) -> bool:
+        raise NotImplementedError
+
+    async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def opened_answer(self, peer: str, part: str, data: bytes) -> Message | None:
+        """A fetched frame verified (signature, replay, tensors, meta, sender) and counted; None if refused."""
+        try:
+            message = open_message(
+                data, roster=self.roster, recipient=self.node_id, replay=self.replay, limits=self.limits,
+                expected=self.expected_for("model", part),
+            )
+            schema = self.meta_schema_for("model", part)
+            if schema is not None:
+                check_meta(message.header.meta, schema)
+        except WireError as exc:
+            self.counter.received(REJECTED, len(data), 0)
+            self.rejections.add(peer, exc.status, exc.reason, f"fetched {part}: {exc}")
+            return None
+        self.counter.received(part, message.total_bytes, message.param_bytes)
+        if message.header.sender != peer:
+            self.rejections.add(peer, 403, "wrong_sender",
+                                f"asked {peer} for {part} but the answer is signed by {message.header.sender}")
+            return None
+        return message
+
+    async def fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
+        """The earliest version >= `min_version` of the peer's `part` that it holds (else its
+        latest), waiting up to `timeout` for `min_version`; None if it never answered or said
+        goodbye (before or during the wait)."""
+        if peer in self.departed:
+            return None
+        task = asyncio.ensure_future(self._fetch(peer, part, min_version, timeout))
+        inflight = self._inflight.setdefault(peer, set())
+        inflight.add(task)
+        try:
+            await asyncio.wait({task})  # unlike `await task`, returns when the task is cancelled by a goodbye
+        finally:
+            inflight.discard(task)
+            if not task.done():  # this fetch itself was cancelled
+                task.cancel()
+        return None if task.cancelled() else task.result()
+
+    async def say_goodbye(self, targets: list[str], reason: str, timeout: float = 3.0) -> None:
+        """Tell `targets` (signed) that this node is gone, so none of them waits for it again."""
+        await asyncio.gather(*(
+            self.push(t, kind=GOODBYE, part="", round_=0, version=0, tensors={}, meta={"reason": reason[:500]},
+                      timeout=timeout)
+            for t in targets
+        ))
+
+    async def _statuses(self, peers: list[str], timeout: float) -> list[dict[str, Any] | None]:
+        """Every peer's status, a few polls at a time: 100 nodes sharing two processes that each
+        fire 99 at once send ~10,000 requests together, which time out before they are served."""
+        gate = asyncio.Semaphore(STATUS_POLLS_AT_ONCE)
+
+        async def poll(peer: str) -> dict[str, Any] | None:
+            async with gate:
+                return await self.status_of(peer, timeout=timeout)
+
+        return list(await asyncio.gather(*(poll(p) for p in peers)))
+
+    async def wait_until_up(self, peers: set[str], seconds: float) -> set[str]:
+        """Poll `peers`' status until each has answered once, or `seconds` pass; returns those still silent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        silent = set(peers)
+        backoff = self.retry_s
+        while silent and loop.time() < deadline:
+            names = sorted(silent)
+            statuses = await self._statuses(names, max(0.1, min(STATUS_POLL_TIMEOUT_S, deadline - loop.time())))
+            silent = {p for p, s in zip(names, statuses) if s is None}
+            if silent:
+                # Backing off: with N nodes starting together, N(N-1) polls a round would crowd out the start itself.
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 4.0)
+        return silent
+
+    async def linger(self, peers: set[str], seconds: float) -> None:
+        """Keep serving until every peer in `peers` reports done or stops answering, or `seconds` pass."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        pending = set(peers)
+        while pending and loop.time() < deadline:
+            names = sorted(pending)
+            statuses = await self._statuses(names, STATUS_POLL_TIMEOUT_S)
+            pending = {p for p, s in zip(names, statuses) if s is not None and not s.get("done")}
+            if pending:
+                await asyncio.sleep(0.5)

@@ -1,0 +1,54 @@
+"""Signed frames over HTTP(S): the carrier between processes and machines (`runtime.transport = "http"`).
+
+An `Endpoint` serves its recent published versions of each part by long-poll GET (a read for
+version R gets the earliest held version >= R), accepts signed pushes on its inbox, and
+fetches from and pushes to others. Every message that crosses it is a sealed wire frame; every
+byte is counted. It knows nothing about models or algorithms: callers give it tensors and a
+function that says which tensors to expect.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+import asyncio
+
+from p2pfl.runtime.tls import pin
+from p2pfl.runtime.transport.base import Carrier
+from p2pfl.runtime.transport.http.client import HttpClient
+from p2pfl.runtime.transport.http.guard import GuardedProtocol
+from p2pfl.runtime.transport.http.server import HttpServer
+
+if TYPE_CHECKING:
+    from p2pfl.runtime.transport import TransportSettings
+
+
+class Endpoint(HttpServer, HttpClient, Carrier):
+    def __init__(self, settings: TransportSettings) -> None:
+        super().__init__(settings)
+        self.tls = settings.tls
+        # peer -> SHA-256 of its certificate: checked during the handshake, before a request byte is sent.
+        self._pins = {peer: pin(fp) for peer, fp in settings.pins.items()}
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.connections: set[GuardedProtocol] = set()
+        self.handshaking: weakref.WeakSet[GuardedProtocol] = weakref.WeakSet()
+        self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
+
+    async def start(self, host: str, port: int) -> None:
+        await self._start_server(host, port)
+        self._session = aiohttp.ClientSession()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        await self._close_server()
+
+
+def build(settings: TransportSettings) -> Endpoint:
+    """The `"http"` carrier."""
+    return Endpoint(settings)

@@ -1,0 +1,123 @@
+"""The HTTP client half of an `Endpoint`: signed long-poll reads of a peer's parts, pushes to its
+inbox with back-off, and status polls. Every answer is verified before anyone sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from p2pfl.runtime.accounting import CONTROL
+from p2pfl.runtime.transport.base import GOODBYE, MAX_WAIT_S
+from p2pfl.runtime.transport.http.server import CONTENT_TYPE
+from p2pfl.wire import Message, encode_body, seal
+from p2pfl.wire.request import AUTH_HEADER, request_for
+
+if TYPE_CHECKING:
+    from p2pfl.runtime.transport.http import Endpoint
+
+
+class HttpClient:
+    def _pin_mismatch(self: Endpoint, peer: str, exc: aiohttp.ServerFingerprintMismatch) -> None:
+        """Whoever answered at `peer`'s address is not `peer`: nothing was sent, nothing is retried."""
+        self.rejections.add(peer, 495, "tls_pin_mismatch",
+                            f"TLS certificate at {self.urls[peer]} has fingerprint {exc.got.hex()}, the roster pins "
+                            f"{exc.expected.hex()}")
+
+    def _ssl(self: Endpoint, peer: str) -> aiohttp.Fingerprint | bool:
+        """The pin of `peer`'s certificate; without one, a TLS URL needs a CA-verified certificate."""
+        return self._pins.get(peer, True)
+
+    async def _read_bounded(self: Endpoint, response: aiohttp.ClientResponse) -> bytes:
+        limit = self.limits.max_message_bytes
+        if response.content_length is not None and response.content_length > limit:
+            raise ValueError(f"response of {response.content_length} bytes exceeds the limit of {limit}")
+        chunks, size = [], 0
+        async for chunk in response.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > limit:
+                raise ValueError(f"response exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _fetch(self: Endpoint, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
+        assert self._session is not None, "start() the endpoint first"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        backoff = self.retry_s
+        url = f"{self.urls[peer]}/v1/parts/{part}"
+        while (remaining := deadline - loop.time()) > 0:
+            # Long waits go as several reads: a server answers one read for at most MAX_WAIT_S.
+            params = {"min_version": str(min_version), "wait": f"{min(remaining, MAX_WAIT_S - 1):.3f}"}
+            auth = {AUTH_HEADER: request_for(self.key, self.node_id, peer, part, min_version, self.next_seq())}
+            try:
+                async with self._session.get(url, params=params, headers=auth, ssl=self._ssl(peer),
+                                             timeout=aiohttp.ClientTimeout(total=remaining + 10)) as resp:
+                    if resp.status == 204:  # nothing published yet: the peer is still in its first round
+                        await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                        continue
+                    if resp.status != 200:
+                        self.log.warning("fetch %s/%s: HTTP %d %s", peer, part, resp.status, (await resp.text())[:200])
+                        return None
+                    data = await self._read_bounded(resp)
+            except aiohttp.ServerFingerprintMismatch as exc:
+                self._pin_mismatch(peer, exc)
+                return None
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError):
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 2.0)
+                continue
+            except ValueError as exc:
+                self.log.warning("fetch %s/%s rejected: %s", peer, part, exc)
+                return None
+            return self.opened_answer(peer, part, data)
+        return None
+
+    async def push(
+        self: Endpoint, target: str, *, kind: str, part: str, round_: int, version: int,
+        tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float,
+    ) -> bool:
+        """Deliver one sealed message to `target`'s inbox, retrying with backoff until `timeout`."""
+        assert self._session is not None, "start() the endpoint first"
+        body = await asyncio.to_thread(encode_body, tensors)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        backoff = self.retry_s
+        while (remaining := deadline - loop.time()) > 0:
+            frame = seal(
+                key=self.key, kind=kind, sender=self.node_id, recipient=target, round=round_, version=version,
+                seq=self.next_seq(), part=part, meta=meta, body=body,
+            )
+            try:
+                async with self._session.post(
+                    f"{self.urls[target]}/v1/inbox", data=frame, headers={"Content-Type": CONTENT_TYPE},
+                    ssl=self._ssl(target), timeout=aiohttp.ClientTimeout(total=remaining),
+                ) as resp:
+                    self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
+                    if resp.status == 202:
+                        return True
+                    self.log.warning("push to %s: HTTP %d %s", target, resp.status, (await resp.text())[:200])
+                    return False
+            except aiohttp.ServerFingerprintMismatch as exc:
+                self._pin_mismatch(target, exc)
+                return False
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 5.0)
+        return False
+
+    async def status_of(self: Endpoint, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{self.urls[peer]}/v1/status", ssl=self._ssl(peer),
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.read()
+                self.counter.received(CONTROL, len(data), 0)
+                return json.loads(data)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None

@@ -1,0 +1,194 @@
+"""The HTTP server half of an `Endpoint`: long-poll reads of published parts, the signed inbox,
+and the public status. No request path answers 5xx; every refusal is logged once, rate-limited."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from p2pfl.runtime.metadata import check_meta
+from p2pfl.runtime.rejections import UNVERIFIED, sender_label
+from p2pfl.runtime.transport.base import MAX_VERSION, MAX_WAIT_S, REJECTED, Refused
+from p2pfl.runtime.transport.http.guard import GuardedProtocol
+from p2pfl.wire import PREFIX_BYTES, Frame, WireError, authenticate_head, head_length, open_message
+from p2pfl.wire.errors import quote
+from p2pfl.wire.request import AUTH_HEADER, verify_request
+
+if TYPE_CHECKING:
+    from p2pfl.runtime.transport.http import Endpoint
+
+CONTENT_TYPE = "application/x-p2pfl"
+
+
+class HttpServer:
+    def app(self: Endpoint) -> web.Application:
+        app = web.Application(client_max_size=self.limits.max_message_bytes, middlewares=[self._no_server_errors])
+        app.router.add_get("/v1/parts/{part}", self._serve_part)
+        app.router.add_post("/v1/inbox", self._inbox)
+        app.router.add_get("/v1/status", self._status)
+        return app
+
+    async def _start_server(self: Endpoint, host: str, port: int) -> None:
+        # auto_decompress=False: a compressed body must be refused, not inflated by the parser first.
+        self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=15.0, auto_decompress=False)
+        await self._runner.setup()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: GuardedProtocol(server(), self), host, port, reuse_address=True, ssl=self.tls,
+            ssl_handshake_timeout=self.server_limits.handshake_timeout_s if self.tls is not None else None)
+
+    async def _close_server(self: Endpoint) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+
+    @web.middleware
+    async def _no_server_errors(self: Endpoint, request: web.Request,
+                                handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        """No request path answers 5xx: an exception a handler did not foresee is the request's fault."""
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - turned into a 400 with the reason
+            return self._reject(UNVERIFIED, 400, f"unhandled {type(exc).__name__}: {exc}", kind="unhandled")
+
+    async def _serve_part(self: Endpoint, request: web.Request) -> web.StreamResponse:
+        part = request.match_info["part"]
+        try:
+            min_version = int(request.query.get("min_version", "0"))
+            wait = float(request.query.get("wait", "0"))
+        except ValueError:
+            return self._reject(UNVERIFIED, 400, "min_version must be an integer and wait a number", kind="bad_query")
+        if not 0 <= min_version <= MAX_VERSION:
+            return self._reject(UNVERIFIED, 400, f"min_version must be in [0, 2**62], got {min_version}", kind="bad_query")
+        if not (math.isfinite(wait) and 0 <= wait <= MAX_WAIT_S):
+            return self._reject(UNVERIFIED, 400, f"wait must be a number of seconds in [0, {MAX_WAIT_S:g}], got {wait}",
+                                kind="bad_query")
+        try:
+            signed = verify_request(request.headers.get(AUTH_HEADER), roster=self.roster, target=self.node_id,
+                                    part=part, min_version=min_version, replay=self.replay)
+        except WireError as exc:
+            return self._reject(UNVERIFIED, exc.status, f"read of {quote(part, 20)}: {exc}", kind=exc.reason)
+        requester = signed.requester
+        if self._reads_by_peer.get(requester, 0) >= self.server_limits.max_requests_per_peer:
+            return self._reject(requester, 429, f"{self._reads_by_peer[requester]} reads from {requester} already waiting",
+                                kind="too_many_requests")
+        # A read holds its place under the cap until its answer is written, not only while it
+        # waits: a reader that never reads cannot hold more than max_requests_per_peer answers.
+        self._reads_by_peer[requester] = self._reads_by_peer.get(requester, 0) + 1
+        try:
+            try:
+                frame = await self.answer_read(part, min_version, wait, requester)
+            except Refused as refused:
+                return web.Response(status=refused.status, text=refused.text) if refused.status != 204 \
+                    else web.Response(status=204)
+            timeout = self.server_limits.write_timeout_s
+            try:
+                response = await asyncio.wait_for(_stream(request, frame), timeout)
+            except asyncio.TimeoutError:
+                self.rejections.add(requester, 408, "write_timeout", f"{requester} read {quote(part, 40)} ({frame.nbytes} "
+                                    f"bytes) slower than the write timeout of {timeout:g} s; connection closed")
+                if request.transport is not None:
+                    request.transport.close()
+                raise ConnectionResetError("reader too slow") from None
+            self.counter.sent(part, frame.nbytes, frame.param_bytes)  # counted once it has gone
+            return response
+        finally:
+            self._reads_by_peer[requester] -= 1
+
+    async def _read_exactly(self: Endpoint, request: web.Request, n: int) -> bytes:
+        return await asyncio.wait_for(request.content.readexactly(n), timeout=self.server_limits.read_timeout_s)
+
+    async def _inbox(self: Endpoint, request: web.Request) -> web.Response:
+        """Reads and verifies the signed head before it reads the body: a sender that is not
+        in the roster never makes this node hold more than a header's worth of bytes."""
+        limit = self.limits.max_message_bytes
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return self._reject(UNVERIFIED, 415, f"Content-Encoding {quote(encoding, 40)} is not accepted: send frames uncompressed",
+                                kind="compressed")
+        total = request.content_length
+        if total is None:
+            return self._reject(UNVERIFIED, 411, "a Content-Length is required", kind="no_length")
+        if total > limit:
+            return self._reject(UNVERIFIED, 413, f"body of {total} bytes exceeds the limit of {limit}", kind="oversized")
+        sender, verified = None, False
+        received = 0  # what was actually read: a rejected frame is counted by the bytes that crossed
+
+        async def read(n: int) -> bytes:
+            nonlocal received
+            data = await self._read_exactly(request, n)
+            received += len(data)
+            return data
+
+        try:
+            prefix = await read(min(PREFIX_BYTES, total))
+            head = prefix + await read(head_length(prefix, total, self.limits) - len(prefix))
+            header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
+            sender, verified = header.sender, True
+            expected, schema = self.expectations(header.kind, header.part)
+            if expected is None:
+                self.counter.received(REJECTED, received, 0)
+                return self._reject(header.sender, 400, f"{self.node_id} does not accept kind={quote(header.kind, 40)} "
+                                    f"part={quote(header.part, 40)}", kind="unexpected_kind")
+            if schema is not None:
+                check_meta(header.meta, schema)
+            # A replayed or stale head is refused before its body is read; and the bodies read at
+            # once share one budget, so that signed uploads held a byte short cannot pile up.
+            self.replay.check(header.sender, header.seq, header.timestamp)
+            body_bytes = total - len(head)
+            budget = self.server_limits.max_buffered_body_bytes
+            if self.buffered_body_bytes + body_bytes > budget:
+                self.counter.received(REJECTED, received, 0)
+                return self._reject(header.sender, 429, f"{self.buffered_body_bytes} body bytes are being read, "
+                                    f"{body_bytes} more would pass the budget of {budget}; retry later",
+                                    kind="body_budget")
+            self.buffered_body_bytes += body_bytes
+            try:
+                body = await read(body_bytes)
+            finally:
+                self.buffered_body_bytes -= body_bytes
+            message = open_message(head, body=body, roster=self.roster, recipient=self.node_id, replay=self.replay,
+                                   limits=self.limits, expected=expected)
+        except asyncio.IncompleteReadError as exc:
+            return self._reject(sender_label(sender, verified), 400,
+                                f"body ended after {len(exc.partial)} of the announced bytes", kind="truncated")
+        except asyncio.TimeoutError:
+            return self._reject(sender_label(sender, verified), 408,
+                                f"request body not received within {self.server_limits.read_timeout_s:g} s", kind="read_timeout")
+        except WireError as exc:
+            self.counter.received(REJECTED, received, 0)
+            return self._reject(sender_label(sender, verified), exc.status, str(exc), kind=exc.reason)
+        status, text = self.take(message)
+        return web.Response(status=status, text=text)
+
+    async def _status(self: Endpoint, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    def _reject(self: Endpoint, sender: str, status: int, reason: str, *, kind: str = "rejected") -> web.Response:
+        self.rejections.add(sender, status, kind, reason)
+        return web.Response(status=status, text=reason[:1000])
+
+
+async def _stream(request: web.Request, frame: Frame) -> web.StreamResponse:
+    """Write a sealed frame's buffers as they are: the body is never joined into one bytes object."""
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+    response.content_length = frame.nbytes
+    await response.prepare(request)
+    for chunk in frame.chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response

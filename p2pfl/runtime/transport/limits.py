@@ -1,0 +1,17 @@
+"""What one node's server grants to anybody, verified or not (every carrier honours the caps it can)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    read_timeout_s: float = 30.0       # to send the request's headers, and then its body
+    max_connections: int = 512         # open connections in total; more are closed at once
+    max_requests_per_peer: int = 16    # concurrent reads per verified requester (long-polls included)
+    handshake_timeout_s: float = 5.0   # TLS: to finish the handshake (asyncio's default is 60 s)
+    write_timeout_s: float = 60.0      # to write one answer; a reader that reads slower is cut off
+    # Bodies of pushes being read at once, in bytes, whoever sent them; beyond it a push is
+    # answered 429 before its body is read. A few of the largest messages fit (4 x 64 MiB).
+    max_buffered_body_bytes: int = 256 * 2**20

@@ -1,0 +1,172 @@
+"""Frames handed over in memory between nodes of one process (`runtime.transport = "loopback"`).
+
+Every frame is sealed, signed and verified exactly as over HTTP (read tokens, replay guard,
+expected tensors, meta schema, the per-reader cap), and counted at its frame size, so a run's
+bytes and rejections are those of the HTTP carrier; only sockets, HTTP parsing and the
+connection guard are gone. Nodes find each other by the address in their roster
+("host:port", as the launcher writes it), in a directory of this process: a peer in another
+process is unreachable, so the scenario layer allows loopback only where every node shares one
+process and event loop (placement "shared" with one worker, and tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from p2pfl.runtime.accounting import CONTROL
+from p2pfl.runtime.metadata import check_meta
+from p2pfl.runtime.rejections import UNVERIFIED, sender_label
+from p2pfl.runtime.transport.base import GOODBYE, MAX_WAIT_S, REJECTED, Carrier, Refused
+from p2pfl.wire import PREFIX_BYTES, Message, WireError, authenticate_head, encode_body, head_length, open_message, seal
+from p2pfl.wire.errors import quote
+from p2pfl.wire.request import request_for, verify_request
+
+if TYPE_CHECKING:
+    from p2pfl.runtime.transport import TransportSettings
+
+_DIRECTORY: dict[str, LoopbackCarrier] = {}  # "host:port" -> the started carrier there
+
+
+def address_of(url: str) -> str:
+    """The directory key of a roster URL ("http://h:p", "loopback://h:p" or "h:p")."""
+    return urlsplit(url if "://" in url else f"loopback://{url}").netloc
+
+
+class LoopbackCarrier(Carrier):
+    def __init__(self, settings: TransportSettings) -> None:
+        super().__init__(settings)
+        self.address: str | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        address = f"{host}:{port}"
+        if address in _DIRECTORY:
+            raise OSError(f"loopback address {address} is in use by {_DIRECTORY[address].node_id}")
+        _DIRECTORY[address] = self
+        self.address = address
+
+    async def close(self) -> None:
+        if self.address is not None and _DIRECTORY.get(self.address) is self:
+            del _DIRECTORY[self.address]
+        self.address = None
+
+    def _peer(self, peer: str) -> LoopbackCarrier | None:
+        return _DIRECTORY.get(address_of(self.urls[peer]))
+
+    # ---- what the other side does -----------------------------------------------------
+    async def serve_read(self, token: str, part: str, min_version: int, wait: float) -> bytes:
+        """A signed read of `part`: the sealed frame's bytes, or `Refused` (status, text)."""
+        try:
+            signed = verify_request(token, roster=self.roster, target=self.node_id, part=part,
+                                    min_version=min_version, replay=self.replay)
+        except WireError as exc:
+            self.rejections.add(UNVERIFIED, exc.status, exc.reason, f"read of {quote(part, 20)}: {exc}")
+            raise Refused(exc.status, str(exc)) from None
+        requester = signed.requester
+        if self._reads_by_peer.get(requester, 0) >= self.server_limits.max_requests_per_peer:
+            reason = f"{self._reads_by_peer[requester]} reads from {requester} already waiting"
+            self.rejections.add(requester, 429, "too_many_requests", reason)
+            raise Refused(429, reason)
+        self._reads_by_peer[requester] = self._reads_by_peer.get(requester, 0) + 1
+        try:
+            frame = await self.answer_read(part, min_version, wait, requester)
+        finally:
+            self._reads_by_peer[requester] -= 1
+        data = b"".join(bytes(chunk) for chunk in frame.chunks)
+        self.counter.sent(part, frame.nbytes, frame.param_bytes)
+        return data
+
+    def receive(self, frame: bytes) -> tuple[int, str]:
+        """A pushed frame, judged as the HTTP inbox judges it: (status, text)."""
+        total, sender, verified = len(frame), None, False
+        if total > self.limits.max_message_bytes:
+            return self._refuse(UNVERIFIED, 413, f"body of {total} bytes exceeds the limit of "
+                                f"{self.limits.max_message_bytes}", "oversized")
+        try:
+            prefix = frame[:PREFIX_BYTES]
+            head = frame[:head_length(prefix, total, self.limits)]
+            header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
+            sender, verified = header.sender, True
+            expected, schema = self.expectations(header.kind, header.part)
+            if expected is None:
+                self.counter.received(REJECTED, total, 0)
+                return self._refuse(header.sender, 400, f"{self.node_id} does not accept kind={quote(header.kind, 40)} "
+                                    f"part={quote(header.part, 40)}", "unexpected_kind")
+            if schema is not None:
+                check_meta(header.meta, schema)
+            self.replay.check(header.sender, header.seq, header.timestamp)
+            message = open_message(head, body=frame[len(head):], roster=self.roster, recipient=self.node_id,
+                                   replay=self.replay, limits=self.limits, expected=expected)
+        except WireError as exc:
+            self.counter.received(REJECTED, total, 0)
+            return self._refuse(sender_label(sender, verified), exc.status, str(exc), exc.reason)
+        return self.take(message)
+
+    def _refuse(self, sender: str, status: int, reason: str, kind: str) -> tuple[int, str]:
+        self.rejections.add(sender, status, kind, reason)
+        return status, reason[:1000]
+
+    # ---- what this side does ----------------------------------------------------------
+    async def _fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        backoff = self.retry_s
+        while (remaining := deadline - loop.time()) > 0:
+            target = self._peer(peer)
+            if target is None:  # not started yet, or gone: as a refused connection
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 2.0)
+                continue
+            token = request_for(self.key, self.node_id, peer, part, min_version, self.next_seq())
+            try:
+                data = await target.serve_read(token, part, min_version, min(remaining, MAX_WAIT_S - 1))
+            except Refused as refused:
+                if refused.status == 204:  # nothing published yet
+                    await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                    continue
+                self.log.warning("fetch %s/%s: HTTP %d %s", peer, part, refused.status, refused.text[:200])
+                return None
+            if len(data) > self.limits.max_message_bytes:
+                self.log.warning("fetch %s/%s rejected: response exceeds the limit of %d bytes", peer, part,
+                                 self.limits.max_message_bytes)
+                return None
+            return self.opened_answer(peer, part, data)
+        return None
+
+    async def push(self, target: str, *, kind: str, part: str, round_: int, version: int,
+                   tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float) -> bool:
+        body = await asyncio.to_thread(encode_body, tensors)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        backoff = self.retry_s
+        while deadline - loop.time() > 0:
+            peer = self._peer(target)
+            if peer is None:
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 5.0)
+                continue
+            frame = seal(key=self.key, kind=kind, sender=self.node_id, recipient=target, round=round_, version=version,
+                         seq=self.next_seq(), part=part, meta=meta, body=body)
+            self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
+            status, text = peer.receive(frame)
+            if status == 202:
+                return True
+            self.log.warning("push to %s: HTTP %d %s", target, status, text[:200])
+            return False
+        return False
+
+    async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        target = self._peer(peer)
+        if target is None:
+            return None
+        data = json.dumps(target.status()).encode()
+        self.counter.received(CONTROL, len(data), 0)
+        return json.loads(data)
+
+
+def build(settings: TransportSettings) -> LoopbackCarrier:
+    """The `"loopback"` carrier."""
+    return LoopbackCarrier(settings)

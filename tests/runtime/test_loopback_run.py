@@ -1,0 +1,48 @@
+"""A whole run over the loopback carrier is the run over HTTP: same records, same parameter bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2pfl.errors import ConfigError
+from p2pfl.scenario.launcher import run_scenario
+from p2pfl.scenario.results import first_difference
+from p2pfl.scenario.schema import RuntimeSpec
+
+from .helpers import write_tiny
+
+SHARED_ONE_WORKER = ('runtime.placement="shared"', "runtime.workers=1")
+
+
+def test_a_run_over_loopback_equals_the_run_over_http(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path, nodes=3, rounds=2, samples=40)
+    runs = {}
+    for carrier in ("http", "loopback"):
+        results, code = run_scenario(path, tmp_path / carrier, (*SHARED_ONE_WORKER, f'runtime.transport="{carrier}"'),
+                                     progress=False, quiet=True)
+        assert code == 0, results["summary"]
+        runs[carrier] = results
+    assert first_difference(runs["http"], runs["loopback"]) is None
+    for a, b in zip(runs["http"]["nodes"], runs["loopback"]["nodes"]):
+        assert a["totals"]["param_bytes_received"] == b["totals"]["param_bytes_received"] > 0
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"transport": "loopback"}, "one process only"),
+    ({"transport": "loopback", "placement": "shared", "workers": 2}, "one process only"),
+    ({"transport": "loopback", "placement": "shared", "workers": 1, "tls": True}, "needs \"http\""),
+    ({"transport": "pigeon"}, "unknown transport 'pigeon'"),
+])
+def test_a_carrier_that_cannot_reach_the_nodes_is_named(fields: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says) as err:
+        RuntimeSpec(**fields)
+    assert err.value.field == "runtime.transport"
+
+
+def test_loopback_refuses_a_coordinator_in_its_own_process(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, algorithm="fedavg_global")
+    with pytest.raises(ConfigError, match="runs a coordinator"):
+        run_scenario(path, tmp_path / "run", (*SHARED_ONE_WORKER, 'runtime.transport="loopback"'), progress=False,
+                     quiet=True)

@@ -1,0 +1,199 @@
+"""What every carrier must do, run against each registered one (as torch.distributed.rpc runs
+its suite against every agent): the same frames, bytes, refusals and waits over HTTP and in
+memory. A new carrier adds its name to CARRIERS_UNDER_TEST and a `deliver` for raw frames."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from p2pfl.runtime.accounting import ByteCounter
+from p2pfl.runtime.transport import (CARRIERS, ServerLimits, Transport, TransportSettings, build_transport,
+                                     register_transport, transport_factory)
+from p2pfl.runtime.transport.loopback import LoopbackCarrier
+from p2pfl.scenario.ports import free_ports
+from p2pfl.wire import NodeKey, Roster, WireLimits, encode
+
+CARRIERS_UNDER_TEST = ("http", "loopback")
+SPEC = {"w": ((3, 2), "float32")}
+W = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+
+
+class Pair:
+    """Two started carriers a and b that know each other, and whatever b received."""
+
+    def __init__(self, name: str, limits: ServerLimits = ServerLimits()) -> None:
+        self.name = name
+        self.keys = {"a": NodeKey.generate(), "b": NodeKey.generate()}
+        self.roster = Roster({n: k.public_hex for n, k in self.keys.items()})
+        ports = free_ports(2, "127.0.0.1")
+        self.urls = {"a": f"http://127.0.0.1:{ports[0]}", "b": f"http://127.0.0.1:{ports[1]}"}
+        self.ports = dict(zip("ab", ports))
+        self.counters = {n: ByteCounter() for n in "ab"}
+        self.inbox: list[Any] = []
+        self.carriers: dict[str, Transport] = {}
+        for n in "ab":
+            other = "b" if n == "a" else "a"
+            carrier = build_transport(name, TransportSettings(
+                node_id=n, key=self.keys[n], roster=self.roster, urls={other: self.urls[other]},
+                counter=self.counters[n], limits=WireLimits(max_message_bytes=2**20), retry_s=0.02,
+                server_limits=limits, log=logging.getLogger(f"contract.{n}")))
+            carrier.attach(expected_for=lambda kind, part: SPEC if kind in ("model", "stats") else None,
+                           on_message=self.inbox.append, status=lambda n=n: {"id": n, "done": False},
+                           meta_schema_for=lambda kind, part: None)
+            self.carriers[n] = carrier
+
+    async def __aenter__(self) -> Pair:
+        for n, carrier in self.carriers.items():
+            await carrier.start("127.0.0.1", self.ports[n])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for carrier in self.carriers.values():
+            await carrier.close()
+
+    async def deliver(self, frame: bytes) -> int:
+        """A raw frame to b's inbox, as a stranger on the medium would send it: its status."""
+        if self.name == "http":
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"{self.urls['b']}/v1/inbox", data=frame) as resp:
+                    return resp.status
+        carrier = self.carriers["b"]
+        assert isinstance(carrier, LoopbackCarrier)
+        return carrier.receive(frame)[0]
+
+
+def contract(test: Callable[[Pair], Awaitable[None]]) -> Any:
+    @pytest.mark.parametrize("name", CARRIERS_UNDER_TEST)
+    def run(name: str) -> None:
+        async def body() -> None:
+            async with Pair(name) as pair:
+                await test(pair)
+        asyncio.run(body())
+    run.__name__ = test.__name__
+    run.__doc__ = test.__doc__
+    run.case = test  # type: ignore[attr-defined]
+    return run
+
+
+@contract
+async def test_a_published_part_is_fetched_verified_and_counted_alike(pair: Pair) -> None:
+    a, b = pair.carriers["a"], pair.carriers["b"]
+    await a.publish(1, 1, {"full": {"w": W}}, {"n_train": 7})
+    message = await b.fetch("a", "full", 1, timeout=5)
+    assert message is not None and message.header.sender == "a" and message.header.version == 1
+    assert torch.equal(message.torch_tensors()["w"], W) and message.header.meta["n_train"] == 7
+    sent, received = pair.counters["a"].totals(), pair.counters["b"].totals()
+    assert sent["bytes_sent"] == received["bytes_received"] == message.total_bytes
+    assert sent["param_bytes_sent"] == received["param_bytes_received"] == W.numel() * 4
+
+
+@contract
+async def test_a_read_waits_for_its_version_and_gets_the_earliest_held_one(pair: Pair) -> None:
+    a, b = pair.carriers["a"], pair.carriers["b"]
+    waiting = asyncio.create_task(b.fetch("a", "full", 2, timeout=5))
+    await asyncio.sleep(0.1)
+    await a.publish(1, 1, {"full": {"w": W}}, {})
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # version 1 is not what it waits for
+    await a.publish(2, 2, {"full": {"w": W + 2}}, {})
+    await a.publish(3, 3, {"full": {"w": W + 3}}, {})
+    got = await waiting
+    assert got is not None and got.header.version in (2, 3)
+    earliest = await b.fetch("a", "full", 2, timeout=5)
+    assert earliest is not None and earliest.header.version == 2  # held, though 3 is newer
+
+
+@contract
+async def test_pushes_arrive_once_and_bad_ones_are_refused_and_logged(pair: Pair) -> None:
+    a = pair.carriers["a"]
+    assert await a.push("b", kind="stats", part="full", round_=1, version=1, tensors={"w": W}, meta={}, timeout=5)
+    assert len(pair.inbox) == 1 and torch.equal(pair.inbox[0].torch_tensors()["w"], W)
+    assert not await a.push("b", kind="model", part="full", round_=1, version=1, tensors={"w": torch.zeros(2, 2)},
+                            meta={}, timeout=5)  # not the expected shape
+    assert not await a.push("b", kind="chat", part="x", round_=1, version=1, tensors={}, meta={}, timeout=5)
+    frame = encode(key=pair.keys["a"], kind="stats", sender="a", recipient="b", round=1, version=1, seq=10**18,
+                   part="full", meta={}, tensors={"w": W})
+    assert await pair.deliver(frame) == 202
+    assert await pair.deliver(frame) == 409  # the same frame again: a replay
+    forged = encode(key=NodeKey.generate(), kind="stats", sender="a", recipient="b", round=1, version=1,
+                    seq=10**18 + 1, part="full", meta={}, tensors={"w": W})
+    assert await pair.deliver(forged) == 401
+    assert len(pair.inbox) == 2
+    statuses = sorted(status for _, status, _ in pair.carriers["b"].rejections)
+    assert statuses == [400, 401, 409, 422]  # wrong kind, forged, replayed, wrong shape
+
+
+@contract
+async def test_goodbye_ends_waiting_reads_and_later_ones(pair: Pair) -> None:
+    a, b = pair.carriers["a"], pair.carriers["b"]
+    waiting = asyncio.create_task(b.fetch("a", "full", 5, timeout=30))
+    await asyncio.sleep(0.1)
+    await a.say_goodbye(["b"], "failed in round 2")
+    assert await asyncio.wait_for(waiting, 5) is None
+    assert b.departed == {"a": "failed in round 2"}
+    assert await b.fetch("a", "full", 1, timeout=30) is None
+    await a.withdraw()  # what a failing node does next: its server stops holding the abandoned read
+
+
+@contract
+async def test_status_sit_out_withdraw_and_setup_parts(pair: Pair) -> None:
+    a, b = pair.carriers["a"], pair.carriers["b"]
+    assert await b.status_of("a") == {"id": "a", "done": False}
+    assert await b.wait_until_up({"a"}, 5) == set()
+    await a.sit_out(1)
+    assert await asyncio.wait_for(b.fetch("a", "full", 1, timeout=30), 5) is None  # no wait for a sitting-out round
+    await a.publish(1, 0, {"setup.index": {"w": W}}, {})
+    setup = await b.fetch("a", "setup.index", 1, timeout=5)
+    assert setup is not None and torch.equal(setup.torch_tensors()["w"], W)
+    await a.publish(2, 0, {}, {}, addressed={"setup.reply": {"b": {"w": W + 1}}})
+    reply = await b.fetch("a", "setup.reply", 2, timeout=5)
+    assert reply is not None and torch.equal(reply.torch_tensors()["w"], W + 1)
+    waiting = asyncio.create_task(b.fetch("a", "full", 9, timeout=30))
+    await asyncio.sleep(0.1)
+    await a.withdraw()
+    assert await asyncio.wait_for(waiting, 5) is None
+
+
+@contract
+async def test_a_peer_that_is_not_up_is_silent_not_an_error(pair: Pair) -> None:
+    a = pair.carriers["a"]
+    await pair.carriers["b"].close()
+    assert await a.status_of("b", timeout=0.5) is None
+    assert await a.wait_until_up({"b"}, 0.3) == {"b"}
+    assert await a.fetch("b", "full", 1, timeout=0.3) is None
+    assert not await a.push("b", kind="stats", part="full", round_=1, version=1, tensors={"w": W}, meta={}, timeout=0.3)
+
+
+def test_carriers_are_found_by_name_and_unknown_ones_named() -> None:
+    assert set(CARRIERS_UNDER_TEST) <= set(CARRIERS)
+    with pytest.raises(ValueError, match="unknown transport 'pigeon'"):
+        transport_factory("pigeon")
+    with pytest.raises(ValueError, match="cannot load"):
+        transport_factory("no_such_module:build")
+    register_transport("loopback-again", lambda settings: LoopbackCarrier(settings))
+    assert "loopback-again" in CARRIERS and transport_factory("loopback-again") is not None
+
+
+def test_the_documented_carrier_example_passes_the_contract(tmp_path, monkeypatch) -> None:
+    """docs/architecture.md's `DelayedLoopback`, verbatim: a new carrier in one module."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    code = re.search(r"slow link for one process, in `my_carriers.py`:\n\n```python\n(.*?)```", text, re.S)
+    assert code is not None
+    (tmp_path / "my_carriers.py").write_text(code.group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    async def body() -> None:
+        async with Pair("my_carriers:build") as pair:
+            await test_a_published_part_is_fetched_verified_and_counted_alike.case(pair)
+
+    asyncio.run(body())
