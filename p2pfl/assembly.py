@@ -36,7 +36,7 @@ from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
-from p2pfl.runtime.placement import data_to_device, node_device
+from p2pfl.runtime.devices import data_to_device, node_device
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings

@@ -37,7 +37,7 @@ from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, bound_update, capped_size, check_magnitude, part_norm,
                                       update_norm)
-from p2pfl.runtime.placement import host_snapshot, to_device
+from p2pfl.runtime.devices import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.safeguard import Deployment, Safeguard
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,11 @@ from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.roster import ROSTER_FILE, write_roster
 from p2pfl.runtime.run_folder import RunFolder
-from p2pfl.runtime.status import PROGRESS_PREFIX
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
-from p2pfl.scenario.ports import free_ports
-from p2pfl.scenario.ray_placement import RayWorkers, connect
+from p2pfl.hosting import Hosting, hosting_for
+from p2pfl.hosting.ports import free_ports
+from p2pfl.hosting.process import spawn
 from p2pfl.scenario.results import STOPPED, format_summary, write_results
 from p2pfl.scenario.schema import Scenario, apply_overrides, load_scenario, scenario_differences, scenario_from_dict
 from p2pfl.wire import NodeKey
@@ -97,87 +96,19 @@ def write_run_folder(scenario: Scenario, out: Path,
     return paths, coordinator_path
 
 
-def _process_plan(scenario: Scenario, node_paths: list[Path]) -> dict[str, list[Path]]:
-    """Process name -> the node configs it runs: one node each, or nodes dealt round-robin
-    over `runtime.workers` worker processes (default one per core) with placement "shared"."""
-    if scenario.runtime.placement == "process":
-        return {p.stem: [p] for p in node_paths}
-    workers = min(scenario.runtime.workers or os.cpu_count() or 1, len(node_paths))
-    return {f"worker-{w}": node_paths[w::workers] for w in range(workers)}
-
-
-async def _spawn(args: Sequence[str], log_path: Path, threads: int) -> asyncio.subprocess.Process:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.PIPE, stderr=open(log_path, "ab"), env=env,
-    )
-
-
 # A live view of a run folder while the run goes on (the dashboard, handed down by the CLI or the
 # API, so that launching never imports the report layer): entered before the nodes start, left after.
 LiveView = Callable[[Path], contextlib.AbstractAsyncContextManager[Any]]
 
-Hosts = dict[str, tuple[list[str], Awaitable[dict[str, int]]]]  # host name -> its node ids, and their exit statuses
-
-
-async def _hosts_as_processes(scenario: Scenario, out: Path, node_paths: list[Path], resume: bool,
-                              tick: Callable[[], None]) -> tuple[Hosts, Callable[[], None]]:
-    """Start the node or worker processes; and how to kill what is left of them."""
-    procs: dict[str, asyncio.subprocess.Process] = {}
-    hosts: Hosts = {}
-
-    async def follow(proc: asyncio.subprocess.Process, nodes: list[str]) -> dict[str, int]:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
-                tick()
-        return dict.fromkeys(nodes, await proc.wait())  # a worker's status covers all its nodes
-
-    for name, paths in _process_plan(scenario, node_paths).items():
-        command = "node" if len(paths) == 1 and name == paths[0].stem else "worker"
-        args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + (["--resume"] if resume else [])
-        procs[name] = await _spawn(args, RunFolder(out).log(name), scenario.runtime.torch_threads)
-        nodes = [p.stem for p in paths]
-        hosts[name] = (nodes, follow(procs[name], nodes))
-
-    def kill() -> None:
-        for p in procs.values():
-            if p.returncode is None:
-                p.kill()
-
-    return hosts, kill
-
-
-def _hosts_on_ray(workers: RayWorkers, out: Path, resume: bool, bar: tqdm) -> tuple[Hosts, Callable[[], None]]:
-    """Start every Ray actor on its share; progress is polled, as actors have no stdout to read."""
-    futures = workers.launch(out, resume)
-
-    async def follow(name: str) -> dict[str, int]:
-        try:
-            answer = await futures[name]
-        except Exception as exc:  # the actor died (or its host did): its nodes have no results
-            print(f"{name} on Ray failed: {exc!r}", file=sys.stderr)
-            return dict.fromkeys(workers.shares[name], -9)
-        return workers.collect(out, name, answer)
-
-    async def poll() -> None:
-        while not all(f.done() for f in futures.values()):
-            bar.update(max(0, await workers.sync(out) - bar.n))
-            await asyncio.sleep(0.5)
-
-    poller = asyncio.ensure_future(poll())
-    return {name: (ids, follow(name)) for name, ids in workers.shares.items()}, poller.cancel
-
-
 async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
-                     progress: bool, timeout_s: float | None, resume: bool = False,
-                     ray_workers: RayWorkers | None = None, live_view: LiveView | None = None) -> dict[str, int]:
+                     progress: bool, timeout_s: float | None, resume: bool, hosting: Hosting,
+                     live_view: LiveView | None = None) -> dict[str, int]:
     """Run the coordinator (as a process here) and the nodes in their placement; node id -> exit status."""
     view = contextlib.nullcontext() if live_view is None else live_view(out)
     await view.__aenter__()
     coordinator = None
     if coordinator_path is not None:
-        coordinator = await _spawn(
+        coordinator = await spawn(
             [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)] + (["--resume"] if resume else []),
             RunFolder(out).log(COORDINATOR_ID), scenario.runtime.torch_threads,
         )
@@ -185,10 +116,7 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
                unit="node-round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     kill_hosts: Callable[[], None] = lambda: None
     try:
-        if ray_workers is None:
-            hosts, kill_hosts = await _hosts_as_processes(scenario, out, node_paths, resume, lambda: bar.update(1))
-        else:
-            hosts, kill_hosts = _hosts_on_ray(ray_workers, out, resume, bar)
+        hosts, kill_hosts = await hosting.start(out, node_paths, resume, lambda done: bar.update(max(0, done - bar.n)))
         tasks = {name: asyncio.ensure_future(run) for name, (_, run) in hosts.items()}
         coordinator_task = None if coordinator is None else asyncio.ensure_future(coordinator.wait())
         loop = asyncio.get_running_loop()
@@ -215,32 +143,6 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
         if coordinator is not None and coordinator.returncode is None:
             coordinator.kill()
         await view.__aexit__(None, None, None)
-
-
-def _run_on_ray(scenario: Scenario, out: Path, progress: bool, timeout_s: float | None,
-                live_view: LiveView | None = None,
-                resumed: tuple[list[Path], Path | None] | None = None) -> dict[str, int]:
-    """Run on new actors: a new run folder, or the run in `out` again when `resumed` gives its
-    node and coordinator configs (`existing_run_folder`), its nodes at new addresses (the old
-    actors and their ports are gone) with the same keys."""
-    ray = connect(scenario.runtime.ray_address)
-    workers = RayWorkers.start(ray, node_ids(scenario.nodes), scenario.runtime.workers)
-    try:
-        addresses = workers.addresses()
-        if uses_coordinator(scenario):
-            here = ray.util.get_node_ip_address()  # reachable from every actor, unlike loopback
-            addresses[COORDINATOR_ID] = (here, free_ports(1, here)[0])
-        if resumed is not None:
-            node_paths, coordinator_path = resumed
-            readdress_run_folder(scenario, out, [*node_paths, *([coordinator_path] if coordinator_path else [])],
-                                 addresses)
-        else:
-            node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
-        return asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
-                                      resumed is not None,
-                                      ray_workers=workers, live_view=live_view))
-    finally:
-        workers.stop()
 
 
 def readdress_run_folder(scenario: Scenario, out: Path, config_paths: Sequence[Path],
@@ -338,19 +240,21 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         RunFolder(out).results.unlink(missing_ok=True)
     else:
         claim_out(out, force)
+    rt = scenario.runtime
     try:
-        if resume and scenario.runtime.placement == "ray":
-            codes = _run_on_ray(scenario, out.resolve(), progress, timeout_s, live_view,
-                                resumed=(node_paths, coordinator_path))
-        elif resume:
+        hosting = hosting_for(rt.placement, workers=rt.workers, torch_threads=rt.torch_threads,
+                              ray_address=rt.ray_address)
+        try:
+            addresses = hosting.addresses(node_ids(scenario.nodes), uses_coordinator(scenario))
+            if not resume:
+                node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
+            elif addresses is not None:  # new hosts and ports (Ray's actors); the same keys
+                readdress_run_folder(scenario, out.resolve(),
+                                     [*node_paths, *([coordinator_path] if coordinator_path else [])], addresses)
             codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
-                                           live_view=live_view))
-        elif scenario.runtime.placement == "ray":
-            codes = _run_on_ray(scenario, out, progress, timeout_s, live_view)
-        else:
-            node_paths, coordinator_path = write_run_folder(scenario, out)
-            codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s,
-                                           live_view=live_view))
+                                           hosting, live_view))
+        finally:
+            hosting.close()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (p2pfl.cli.Terminated): the nodes are stopped by now
         if RunFolder(out).scenario.is_file():
             _write_stopped_results(scenario, out, time.perf_counter() - started, partition.ground_truth())

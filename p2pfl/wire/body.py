@@ -127,7 +127,7 @@ def _as_little_endian_array(name: str, value: TensorLike) -> tuple[str, np.ndarr
 
 def encode_body(tensors: Mapping[str, TensorLike]) -> EncodedBody:
     """Table plus zero-copy views of the tensors' bytes. The caller must not change the tensors
-    until the body is sent (the runtime publishes host snapshots, see `p2pfl.runtime.placement`)."""
+    until the body is sent (the runtime publishes host snapshots, see `p2pfl.runtime.devices`)."""
     table: list[dict[str, Any]] = []
     views: list[memoryview] = []
     for name, value in tensors.items():

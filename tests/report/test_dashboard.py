@@ -15,7 +15,7 @@ import pytest
 
 from p2pfl.report.dashboard import dashboard_state
 from p2pfl.runtime.run_folder import RunFolder
-from p2pfl.scenario.ports import free_ports
+from p2pfl.hosting.ports import free_ports
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 

@@ -10,7 +10,7 @@ from p2pfl.models import part_state
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.node import Node
-from p2pfl.scenario.ports import free_ports
+from p2pfl.hosting.ports import free_ports
 from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import NodeKey, encode
 

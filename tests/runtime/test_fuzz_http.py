@@ -20,7 +20,7 @@ import msgpack
 import torch
 
 from p2pfl.models import part_state
-from p2pfl.runtime.placement import host_snapshot
+from p2pfl.runtime.devices import host_snapshot
 from p2pfl.wire import NodeKey, open_message
 from p2pfl.wire.request import AUTH_HEADER, request_for
 

@@ -20,7 +20,7 @@ import torch
 
 from p2pfl.models import part_state
 from p2pfl.runtime.node import Node
-from p2pfl.runtime.placement import host_snapshot
+from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.strategy import Fetch
 from p2pfl.runtime.transport import ServerLimits
 from p2pfl.wire import NodeKey, encode

@@ -12,7 +12,7 @@ import torch
 from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
 from p2pfl.runtime.config import load_node_config
-from p2pfl.runtime.placement import host_snapshot
+from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.transport.stores import published_bytes
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario

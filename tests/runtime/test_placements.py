@@ -20,8 +20,8 @@ import torch
 from p2pfl.cli import main
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.checkpoint import load_checkpoint, read_checkpoint
-from p2pfl.scenario.ports import free_ports
-from p2pfl.scenario import ray_placement
+from p2pfl.hosting.ports import free_ports
+from p2pfl.hosting import ray as ray_placement
 from p2pfl.scenario.launcher import run_scenario
 from p2pfl.wire import NodeKey
 

@@ -16,7 +16,7 @@ from p2pfl.cli import main
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.roster import load_roster
-from p2pfl.scenario.ports import free_ports
+from p2pfl.hosting.ports import free_ports
 from p2pfl.wire import NodeKey
 
 from .helpers import write_tiny

@@ -14,9 +14,9 @@ import pytest
 
 from p2pfl.cli import main
 from p2pfl.models import part_state
-from p2pfl.runtime.placement import host_snapshot
+from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.strategy import Fetch
-from p2pfl.scenario.ports import free_ports
+from p2pfl.hosting.ports import free_ports
 from p2pfl.wire import NodeKey
 
 from .helpers import build_in_process, lone_node, scenario_of, write_tiny

@@ -17,7 +17,7 @@ from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.transport import (CARRIERS, ServerLimits, Transport, TransportSettings, build_transport,
                                      register_transport, transport_factory)
 from p2pfl.runtime.transport.loopback import LoopbackCarrier
-from p2pfl.scenario.ports import free_ports
+from p2pfl.hosting.ports import free_ports
 from p2pfl.wire import NodeKey, Roster, WireLimits, encode
 
 CARRIERS_UNDER_TEST = ("http", "loopback")

@@ -9,7 +9,7 @@ name from `runtime.transport` (`build_transport`):
   handed over in memory, between nodes of one process (placement "shared" with one worker, and
   tests). Bytes and rejections count as over HTTP; only the socket is gone.
 
-A new carrier is one module with a factory `(TransportSettings) -> Transport`, registered by a
+A new carrier is one module with a factory `(TransportSettings) -> Transport` (its class), registered by a
 line in `CARRIERS` below or named in a scenario as `runtime.transport = "pkg.module:factory"`;
 `tests/runtime/transport_contract.py` is the suite it must pass.
 """
@@ -95,8 +95,8 @@ TransportFactory = Callable[[TransportSettings], Transport]
 
 # name -> "module:factory", imported only when built (the launcher never loads aiohttp).
 CARRIERS: dict[str, str] = {
-    "http": "p2pfl.runtime.transport.http:build",
-    "loopback": "p2pfl.runtime.transport.loopback:build",
+    "http": "p2pfl.runtime.transport.http:Endpoint",
+    "loopback": "p2pfl.runtime.transport.loopback:LoopbackCarrier",
 }
 _BUILT: dict[str, TransportFactory] = {}
 

@@ -92,7 +92,7 @@ class Carrier:
         `addressed` (part -> node -> tensors) are replies each served to its node only. Parts
         named "setup.*" go to the setup store, whose versions are setup steps, not rounds.
         The encoded body references the tensors' memory: `parts` must be snapshots that
-        nobody changes afterwards (`p2pfl.runtime.placement.host_snapshot`)."""
+        nobody changes afterwards (`p2pfl.runtime.devices.host_snapshot`)."""
         names = list(parts) + list(addressed or {})
         setup = [n.startswith(SETUP_PREFIX) for n in names]
         if any(setup) and not all(setup):

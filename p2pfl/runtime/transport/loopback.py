@@ -166,7 +166,3 @@ class LoopbackCarrier(Carrier):
         self.counter.received(CONTROL, len(data), 0)
         return json.loads(data)
 
-
-def build(settings: TransportSettings) -> LoopbackCarrier:
-    """The `"loopback"` carrier."""
-    return LoopbackCarrier(settings)

@@ -48,7 +48,3 @@ class Endpoint(HttpServer, HttpClient, Carrier):
             await self._session.close()
         await self._close_server()
 
-
-def build(settings: TransportSettings) -> Endpoint:
-    """The `"http"` carrier."""
-    return Endpoint(settings)

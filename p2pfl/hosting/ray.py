@@ -1,11 +1,13 @@
-"""placement = "ray": the nodes' workers are actors on an existing Ray cluster.
+"""placement = "ray": the nodes' workers are started by actors on an existing Ray cluster.
 
 Ray only places the workers and carries their files; between nodes everything still crosses
 the signed HTTP wire, exactly as in the other placements and in a LAN deployment. Each actor
 binds its nodes' endpoints on its own host's address, gets its share of the run folder
 (scenario, node configs, keys; on --resume also its nodes' checkpoints, round lines and
-artefacts) at start, runs the nodes in a private folder on its host, and returns what they
-wrote (results, checkpoints, artefacts, its log), which the launcher puts into the run folder.
+artefacts) at start, runs `python -m p2pfl worker` on them in a private folder on its host
+(as the "shared" placement does here, progress lines and exit status included), and returns
+what they wrote (results, checkpoints, artefacts, its log) with the worker's exit status,
+which the launcher puts into the run folder.
 While they run, the launcher's progress poll also carries back every checkpoint, round line
 and artefact that changed, so a run interrupted on the head (or an actor lost with its host)
 leaves in the run folder every round its nodes finished, and `p2pfl run --resume` continues
@@ -22,16 +24,20 @@ import asyncio
 import logging
 import shutil
 import socket
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.status import ENDED_BADLY
+from p2pfl.hosting import Hosts, Progress
+from p2pfl.hosting.ports import free_ports
+from p2pfl.runtime.peers import COORDINATOR_ID
 from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.status import PROGRESS_PREFIX
 
 RESERVE_TIMEOUT_S = 120.0  # how long an actor may take to be placed and report its address
 
@@ -70,10 +76,11 @@ def connect(address: str) -> ModuleType:
 
 
 class NodeWorker:
-    """A Ray actor hosting a share of the nodes (see `p2pfl.assembly.host_nodes`)."""
+    """A Ray actor that runs a worker process for a share of the nodes, on its host."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, torch_threads: int = 1) -> None:
         self.name = name
+        self.torch_threads = torch_threads
         self.folder = Path(tempfile.mkdtemp(prefix=f"p2pfl-{name}-"))
         self.rounds_done = 0
         self.node_ids: Sequence[str] = ()
@@ -82,8 +89,6 @@ class NodeWorker:
     def address(self, count: int) -> tuple[str, list[int]]:
         """This host's address as peers reach it, and `count` free ports on it."""
         import ray
-
-        from p2pfl.scenario.ports import free_ports
 
         host = ray.util.get_node_ip_address()
         return host, free_ports(count, host)
@@ -105,10 +110,9 @@ class NodeWorker:
 
     async def run(self, files: Mapping[str, bytes], node_ids: Sequence[str], resume: bool) -> dict[str, Any]:
         """Write `files` (paths relative to the run folder) into this worker's folder, run the
-        nodes `node_ids`, and return per-node status and every file they wrote."""
+        nodes `node_ids` in a worker process, and return its exit status and every file they wrote."""
+        from p2pfl.hosting.process import spawn
         from p2pfl.runtime.config import load_node_config
-        from p2pfl import logs
-        from p2pfl.assembly import host_nodes
 
         for rel, data in files.items():
             path = self.folder / rel
@@ -118,21 +122,22 @@ class NodeWorker:
         folder = RunFolder(self.folder)
         folder.create()
         self.node_ids = node_ids
-        logs.configure(filename=folder.log(self.name))
-        configs = [load_node_config(folder.node_config(nid)) for nid in node_ids]
-        configs = [_relocate(c, self.folder) for c in configs]
-
-        def counted(_: dict[str, Any]) -> None:
-            self.rounds_done += 1
-
-        results = await host_nodes(configs, resume=resume, on_round=counted)
-        logging.shutdown()
+        paths = [folder.node_config(nid) for nid in node_ids]
+        for path in paths:
+            _relocate(load_node_config(path), self.folder).save(path)
+        args = [sys.executable, "-m", "p2pfl", "worker", *map(str, paths)] + (["--resume"] if resume else [])
+        proc = await spawn(args, folder.log(self.name), self.torch_threads, die_with_parent=True)
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
+                self.rounds_done += 1
+        code = await proc.wait()
         # Scenario, configs and keys are never sent back; a resumed node's own state is, as it changed.
         given = {folder.scenario} | {p for nid in node_ids for p in (folder.key(nid), folder.node_config(nid))}
         written = {str(p.relative_to(self.folder)): p.read_bytes()
                    for p in sorted(self.folder.rglob("*")) if p.is_file() and p not in given}
         shutil.rmtree(self.folder, ignore_errors=True)
-        return {"status": {r["id"]: r["status"] for r in results}, "files": written}
+        return {"code": code, "files": written}
 
 
 def _resume_files(root: Path, node_ids: Sequence[str]) -> list[Path]:
@@ -174,12 +179,13 @@ class RayWorkers:
     collected: set[str] = field(default_factory=set)  # workers whose final files are in; no older poll may overwrite them
 
     @classmethod
-    def start(cls, ray: ModuleType, node_ids: Sequence[str], workers: int) -> RayWorkers:
+    def start(cls, ray: ModuleType, node_ids: Sequence[str], workers: int, torch_threads: int = 1) -> RayWorkers:
         cpus = float(ray.cluster_resources().get("CPU", 1.0))
         count = min(workers or max(1, int(cpus)), len(node_ids))
         remote = ray.remote(num_cpus=min(1.0, cpus / count))(NodeWorker)
         names = [f"worker-{w}" for w in range(count)]
-        return cls(ray, {n: remote.remote(n) for n in names}, {n: list(node_ids[w::count]) for w, n in enumerate(names)})
+        return cls(ray, {n: remote.remote(n, torch_threads) for n in names},
+                   {n: list(node_ids[w::count]) for w, n in enumerate(names)})
 
     def addresses(self) -> dict[str, tuple[str, int]]:
         """node id -> (host, port) on the host of the actor that runs it."""
@@ -224,10 +230,11 @@ class RayWorkers:
         return total
 
     def collect(self, out: Path, name: str, answer: dict[str, Any]) -> dict[str, int]:
-        """Write what worker `name` returned into the run folder; node id -> exit status."""
+        """Write what worker `name` returned into the run folder; node id -> exit status (the
+        worker process's, as for a local worker: 2 could not start, 130 interrupted, 1 failed)."""
         self.collected.add(name)
         _write_into(out, name, answer["files"])
-        return {nid: 1 if answer["status"].get(nid) in ENDED_BADLY else 0 for nid in self.shares[name]}
+        return dict.fromkeys(self.shares[name], int(answer["code"]))
 
     def stop(self) -> None:
         for actor in self.actors.values():
@@ -236,3 +243,49 @@ class RayWorkers:
             except Exception:
                 pass
         self.ray.shutdown()
+
+
+class RayHosting:
+    """The "ray" placement: actors reserve their hosts' ports before the run folder is written."""
+
+    def __init__(self, ray_address: str, workers: int, torch_threads: int) -> None:
+        self.ray = connect(ray_address)
+        self.workers_asked, self.torch_threads = workers, torch_threads
+        self.workers: RayWorkers | None = None
+
+    def addresses(self, ids: Sequence[str], coordinator: bool) -> dict[str, tuple[str, int]]:
+        self.workers = RayWorkers.start(self.ray, ids, self.workers_asked, self.torch_threads)
+        addresses = self.workers.addresses()
+        if coordinator:  # beside the launcher, at an address every actor reaches (not loopback)
+            here = self.ray.util.get_node_ip_address()
+            addresses[COORDINATOR_ID] = (here, free_ports(1, here)[0])
+        return addresses
+
+    async def start(self, out: Path, node_paths: list[Path], resume: bool,
+                    progress: Progress) -> tuple[Hosts, Callable[[], None]]:
+        """Start every actor on its share; progress is polled, as actors have no stdout to read."""
+        workers = self.workers
+        assert workers is not None, "addresses() places the actors first"
+        futures = workers.launch(out, resume)
+
+        async def follow(name: str) -> dict[str, int]:
+            try:
+                answer = await futures[name]
+            except Exception as exc:  # the actor died (or its host did): its nodes have no results
+                print(f"{name} on Ray failed: {exc!r}", file=sys.stderr)
+                return dict.fromkeys(workers.shares[name], -9)
+            return workers.collect(out, name, answer)
+
+        async def poll() -> None:
+            while not all(f.done() for f in futures.values()):
+                progress(await workers.sync(out))
+                await asyncio.sleep(0.5)
+
+        poller = asyncio.ensure_future(poll())
+        return {name: (ids, follow(name)) for name, ids in workers.shares.items()}, poller.cancel
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+        else:
+            self.ray.shutdown()

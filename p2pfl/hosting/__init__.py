@@ -1,0 +1,53 @@
+"""Where a run's nodes live (`runtime.placement`), one module each, picked by lookup:
+
+* `"process"` (process.py): one OS process per node;
+* `"shared"` (shared.py): worker processes, each hosting a share of the nodes on one event loop;
+* `"ray"` (ray.py): worker processes started by actors on a Ray cluster, on the cluster's hosts.
+
+Every hosting starts `python -m p2pfl node | worker` processes and reads their progress lines
+and exit statuses (`p2pfl.runtime.status`); none imports the code that builds nodes, so the
+launcher above it never loads a model to start a run. A hosting says where its nodes listen
+(`addresses`), starts them (`start`), and lets go of what it holds (`close`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+Hosts = dict[str, tuple[list[str], Awaitable[dict[str, int]]]]  # host name -> its node ids, and their exit statuses
+Progress = Callable[[int], None]  # rounds finished so far over every node of the run
+
+
+class Hosting(Protocol):
+    def addresses(self, ids: Sequence[str], coordinator: bool) -> dict[str, tuple[str, int]] | None:
+        """id -> (host, port) where each node (and the coordinator) will listen; None: free ports
+        on `runtime.host` of this machine."""
+
+    async def start(self, out: Path, node_paths: list[Path], resume: bool,
+                    progress: Progress) -> tuple[Hosts, Callable[[], None]]:
+        """Start the nodes of `node_paths`; their hosts, and how to kill what is left of them."""
+
+    def close(self) -> None: ...
+
+
+def hosting_for(placement: str, *, workers: int, torch_threads: int, ray_address: str) -> Hosting:
+    """The hosting of `runtime.placement`."""
+    from p2pfl.hosting.process import ProcessHosting
+    from p2pfl.hosting.shared import SharedHosting
+
+    def on_ray() -> Hosting:
+        from p2pfl.hosting.ray import RayHosting  # Ray loads only where asked for
+
+        return RayHosting(ray_address, workers, torch_threads)
+
+    hostings: dict[str, Callable[[], Hosting]] = {
+        "process": lambda: ProcessHosting(torch_threads),
+        "shared": lambda: SharedHosting(torch_threads, workers),
+        "ray": on_ray,
+    }
+    return hostings[placement]()
+
+
+__all__ = ["Hosting", "Hosts", "Progress", "hosting_for"]

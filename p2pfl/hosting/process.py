@@ -1,0 +1,81 @@
+"""placement = "process": one OS process per node (`python -m p2pfl node CONFIG`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from p2pfl.hosting import Hosts, Progress
+from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.status import PROGRESS_PREFIX
+
+
+async def spawn(args: Sequence[str], log_path: Path, threads: int, *,
+                die_with_parent: bool = False) -> asyncio.subprocess.Process:
+    """A p2pfl process with `threads` BLAS threads, its stdout piped (progress lines), stderr to
+    `log_path`. `die_with_parent` (Linux): killed when the process that started it dies, as a
+    Ray actor's worker must be, or it would go on serving its nodes after its actor was lost."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    tie = _killed_with_parent if die_with_parent and sys.platform.startswith("linux") else None
+    return await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=open(log_path, "ab"), env=env, preexec_fn=tie,
+    )
+
+
+def _killed_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+async def follow(proc: asyncio.subprocess.Process, nodes: list[str], tick: Callable[[], None]) -> dict[str, int]:
+    """Tick once per progress line of `proc`; then its exit status, which covers all of `nodes`."""
+    assert proc.stdout is not None
+    async for line in proc.stdout:
+        if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
+            tick()
+    return dict.fromkeys(nodes, await proc.wait())
+
+
+class ProcessHosting:
+    def __init__(self, torch_threads: int) -> None:
+        self.torch_threads = torch_threads
+
+    def plan(self, node_paths: list[Path]) -> dict[str, list[Path]]:
+        """Process name -> the node configs it runs: here, one node each."""
+        return {p.stem: [p] for p in node_paths}
+
+    def addresses(self, ids: Sequence[str], coordinator: bool) -> dict[str, tuple[str, int]] | None:
+        return None
+
+    async def start(self, out: Path, node_paths: list[Path], resume: bool,
+                    progress: Progress) -> tuple[Hosts, Callable[[], None]]:
+        procs: dict[str, asyncio.subprocess.Process] = {}
+        hosts: Hosts = {}
+        done = 0
+
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            progress(done)
+
+        for name, paths in self.plan(node_paths).items():
+            command = "node" if len(paths) == 1 and name == paths[0].stem else "worker"
+            args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + (["--resume"] if resume else [])
+            procs[name] = await spawn(args, RunFolder(out).log(name), self.torch_threads)
+            nodes = [p.stem for p in paths]
+            hosts[name] = (nodes, follow(procs[name], nodes, tick))
+
+        def kill() -> None:
+            for p in procs.values():
+                if p.returncode is None:
+                    p.kill()
+
+        return hosts, kill
+
+    def close(self) -> None:
+        pass
