@@ -251,3 +251,15 @@ def test_a_worker_that_dies_fails_its_nodes_and_the_others_finish(tmp_path: Path
         assert by_id[nid]["status"] == "failed" and by_id[nid]["exit_code"] == -signal.SIGKILL
     for nid in ("node-0", "node-2"):
         assert by_id[nid]["status"] == "ok" and len(by_id[nid]["rounds"]) == 4
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 130])
+def test_ray_keeps_a_worker_process_exit_status_for_its_nodes(tmp_path: Path, code: int) -> None:
+    """Before, a Ray worker's nodes were 1 (failed) or 0: "could not start" (2) and "interrupted"
+    (130) were lost. Now an actor runs a worker process and returns its exit status."""
+    from p2pfl.hosting.ray import RayWorkers
+
+    workers = RayWorkers(ray=None, actors={}, shares={"worker-0": ["node-0", "node-2"]})  # type: ignore[arg-type]
+    log = {"logs/worker-0.log": b"worker log\n"}
+    assert workers.collect(tmp_path, "worker-0", {"code": code, "files": log}) == {"node-0": code, "node-2": code}
+    assert (tmp_path / "logs" / "worker-0.log").read_bytes() == b"worker log\n"
