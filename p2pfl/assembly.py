@@ -89,7 +89,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     # The roster keeps every peer (anyone may verify a message); the topology says whom this
     # node fetches from and waits for.
     ids = node_ids(sc.nodes)
-    adjacency = Topology.parse(sc.runtime.topology).neighbours(sc.nodes, sc.seed)[config.index]
+    adjacency = Topology.parse(sc.runtime.topology).neighbours_of(config.index, sc.nodes, sc.seed)
     neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
     key = NodeKey.load(config.key_file)
     infos = dict(config.peers)

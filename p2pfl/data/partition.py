@@ -387,6 +387,16 @@ def node_ground_truth(spec: DataSpec, pool: Pool, a: dict) -> list[dict]:
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _assignment(spec: DataSpec, num_nodes: int, seed: int) -> tuple[dict, list[dict]]:
+    """`assign` and `node_ground_truth`, once per process: the 500 nodes of a worker would each
+    otherwise partition the whole data set and describe every node (O(N) each, O(N^2) a run).
+    Both depend only on (spec, num_nodes, seed); callers read them and never change them."""
+    pool = load_pool(spec)
+    a = assign(spec, pool, num_nodes, seed)
+    return a, node_ground_truth(spec, pool, a)
+
+
 def build_partition(
     spec: DataSpec, num_nodes: int, seed: int, *, only: Collection[int] | None = None
 ) -> Partition:
@@ -406,8 +416,7 @@ def build_partition(
         if bad:
             raise ConfigError("nodes", f"node indices {bad} are outside 0..{num_nodes - 1}")
     pool = load_pool(spec)
-    a = assign(spec, pool, num_nodes, seed)
-    node_meta = node_ground_truth(spec, pool, a)
+    a, node_meta = _assignment(spec, num_nodes, seed)
     nodes = [
         NodeData(i, _split(pool, tr), _split(pool, va), _split(pool, te), node_meta[i]["domain"])
         for i, (tr, va, te) in enumerate(a["nodes"])

@@ -13,6 +13,8 @@ waits for) its neighbours only; algorithms that choose whom to download choose a
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import networkx as nx
@@ -70,5 +72,16 @@ class Topology:
 
     def neighbours(self, nodes: int, seed: int) -> list[list[int]]:
         """For each node, its neighbours in increasing order."""
-        graph = self.graph(nodes, seed)
-        return [sorted(graph.neighbors(i)) for i in range(nodes)]
+        return [list(row) for row in _neighbour_rows(self, nodes, seed)]
+
+    def neighbours_of(self, index: int, nodes: int, seed: int) -> list[int]:
+        """Node `index`'s neighbours in increasing order; the graph is drawn once per process."""
+        return list(_neighbour_rows(self, nodes, seed)[index])
+
+
+@functools.lru_cache(maxsize=4)
+def _neighbour_rows(topology: Topology, nodes: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    """Every node's neighbours, once per process: nodes sharing a worker draw the graph once, not
+    once each (a 1000-node regular graph costs 25 ms; a worker of 500 nodes paid 12 s)."""
+    graph = topology.graph(nodes, seed)
+    return tuple(tuple(sorted(graph.neighbors(i))) for i in range(nodes))
