@@ -36,6 +36,7 @@ from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
+from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.devices import data_to_device, node_device
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
@@ -91,6 +92,10 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     ids = node_ids(sc.nodes)
     adjacency = Topology.parse(sc.runtime.topology).neighbours_of(config.index, sc.nodes, sc.seed)
     neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
+    # Each neighbour's rounds, from its own seeded draws: a round it sits out is asked of it at once.
+    peer_rounds = {} if sc.runtime.participation >= 1 else {
+        ids[j]: rounds_taking_part(node_seed(sc.seed + sc.train.seed_offset, j), sc.rounds, sc.runtime.participation)
+        for j in adjacency}
     key = NodeKey.load(config.key_file)
     infos = dict(config.peers)
     if config.coordinator is not None:
@@ -103,7 +108,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         strategy=build_strategy(sc.algorithm.name, params),
         fresh_strategy=lambda: build_strategy(sc.algorithm.name, params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
-        safeguard=safeguard,
+        safeguard=safeguard, peer_rounds=peer_rounds,
     )
     return Node(config, node_settings(sc), parts, resume=resume, on_round=on_round)
 

@@ -35,6 +35,7 @@ from p2pfl.runtime.checkpoint import (
 )
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
+from p2pfl.runtime.participation import participation_rng, takes_part, version_to_ask
 from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, bound_update, capped_size, check_magnitude, part_norm,
                                       update_norm)
 from p2pfl.runtime.devices import host_snapshot, to_device
@@ -78,6 +79,8 @@ class NodeParts:
     neighbours: tuple[str, ...]             # whom this node fetches from and waits for (runtime.topology)
     seed: int
     safeguard: Safeguard = field(default_factory=Safeguard)  # algorithm.safeguard: none, MixSafeguard, LocalSafeguard
+    # Under partial participation: the rounds each neighbour takes part in (`p2pfl.runtime.participation`).
+    peer_rounds: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
 
 class Node:
@@ -121,8 +124,10 @@ class Node:
         self.setup_record: dict[str, Any] | None = None
         self.setup_restored = False
         self.rounds: list[dict[str, Any]] = []
-        # Its own stream, so that sitting out never shifts the strategy's or the trainer's draws.
-        self.participation_rng = np.random.default_rng([parts.seed, 0x5EA7])
+        self.participation_rng = participation_rng(parts.seed)
+        self.peer_rounds = parts.peer_rounds
+        # (test acc, test loss, val acc) of the model as it is: a round sat out changes nothing to score again.
+        self._scores: tuple[float, float, float | None] | None = None
         self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
         self.declared_sizes = DeclaredSizes()
         self.refused: dict[str, str] = {}  # peer -> why its part was refused this round
@@ -209,9 +214,12 @@ class Node:
         return {"id": self.config.id, "round": self.round, "done": self.done}
 
     # ---- the round loop -------------------------------------------------------------------
-    async def gather(self, fetches: list[Fetch], round_: int, wait: float | None = None) -> list[PeerModel]:
+    async def gather(self, fetches: list[Fetch], round_: int, wait: float | None = None,
+                     versions: Mapping[str, int] | None = None) -> list[PeerModel]:
         """`wait`: the longest wait for each fetch (default: fetch_timeout_s for a peer,
-        coordinator_wait_s for the coordinator)."""
+        coordinator_wait_s for the coordinator). `versions`: the version asked of a peer where it
+        is not `round_` (a neighbour that sits out this round: the last round it took part in)."""
+        versions = versions or {}
         timeout = self.settings.fetch_timeout_s
         loop = asyncio.get_running_loop()
         self.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in self.endpoint.peers}
@@ -226,7 +234,8 @@ class Node:
                 return None
             longest = wait if wait is not None else (
                 self.settings.coordinator_wait_s if fetch.peer == COORDINATOR_ID else timeout)
-            fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, round_, longest))
+            fetched = asyncio.ensure_future(self.endpoint.fetch(fetch.peer, fetch.part, versions.get(fetch.peer, round_),
+                                                                longest))
             pushed = self.awaiting[(fetch.peer, fetch.part)]
             try:
                 await asyncio.wait({fetched, pushed}, return_when=asyncio.FIRST_COMPLETED)
@@ -326,9 +335,9 @@ class Node:
         pushes = await asyncio.to_thread(strategy.pushes, ctx)
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
-        fetches = strategy.configure_fetch(ctx)
+        fetches, versions, sat_out = self._asked_of_neighbours(strategy.configure_fetch(ctx), r)
         self.refused, self.bounded, self._own_norms, self._own_updates = {}, {}, {}, {}
-        arrived = await self.gather(fetches, r)
+        arrived = await self.gather(fetches, r, versions=versions)
         unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived} - set(self.refused))
         clock.switch("aggregate")
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -347,6 +356,7 @@ class Node:
             acc_agg, loss_agg = self.trainer.evaluate(self.model, self.data.test)
             val_acc_agg = self._val_acc()
         deployed_aggregated = self._deploy(acc_agg, loss_agg)
+        self._scores = (acc_agg, loss_agg, val_acc_agg)
         time_record = clock.stop()
         record: dict[str, Any] = {
             "round": r,
@@ -375,6 +385,8 @@ class Node:
         }
         if self.refused:  # parts whose claims were over a bound (p2pfl.runtime.peer_claims)
             record["peers_refused"] = dict(self.refused)
+        if sat_out:  # neighbours that sit this round out and have published nothing to take
+            record["sat_out"] = sat_out
         if self.bounded:  # parts pulled back within runtime.update_bound of this node's own update
             record["peers_bounded"] = dict(self.bounded)
         if refused is not None:
@@ -385,6 +397,21 @@ class Node:
                       r, self.settings.rounds, test_acc, acc_agg, len(set(record["arrived"])), record["asked"],
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
         return record
+
+    def _asked_of_neighbours(self, fetches: list[Fetch], r: int) -> tuple[list[Fetch], dict[str, int], list[str]]:
+        """The fetches worth making in round `r`, the version asked of each neighbour that sits `r`
+        out (the last round it took part in: served at once), and the neighbours left out (nothing
+        published yet, or stale versions not taken)."""
+        kept, versions, sat_out = [], {}, set()
+        for fetch in fetches:
+            version = version_to_ask(self.peer_rounds.get(fetch.peer), r, self.settings.accept_stale)
+            if version is None:
+                sat_out.add(fetch.peer)
+                continue
+            if version != r:
+                versions[fetch.peer] = version
+            kept.append(fetch)
+        return kept, versions, sorted(sat_out)
 
     def _val_acc(self) -> float | None:
         """The model's accuracy on the validation split (None where the node has none)."""
@@ -417,8 +444,9 @@ class Node:
         self.artefacts.begin_round(r)
         await self.endpoint.sit_out(r)
         clock.switch("evaluate")
-        test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
-        val_acc = self._val_acc()
+        if self._scores is None:  # the model has not been scored since it last changed (round 1, a resume)
+            self._scores = (*self.trainer.evaluate(self.model, self.data.test), self._val_acc())
+        test_acc, test_loss, val_acc = self._scores
         deployed = self._deploy(test_acc, test_loss)
         scores = self.safeguard.round_record(test_acc, test_acc, deployed, deployed)
         time_record = clock.stop()
@@ -475,8 +503,8 @@ class Node:
                     )
                     goodbye = f"privacy budget exhausted before round {r}"
                     break
-                takes_part = sc.participation >= 1 or self.participation_rng.random() < sc.participation
-                record = await (self.run_round(r) if takes_part else self.sit_out(r))
+                record = await (self.run_round(r) if takes_part(self.participation_rng, sc.participation)
+                                else self.sit_out(r))
                 self.rounds.append(record)
                 await asyncio.to_thread(self.write_checkpoint)
                 self.on_round({"id": cfg.id, **record})
