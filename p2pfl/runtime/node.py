@@ -320,9 +320,8 @@ class Node:
             clock.switch("train")
             await asyncio.to_thread(self.safeguard.after_train, self.data.train)
         clock.switch("evaluate")
-        test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
-        val_acc = self._val_acc()
-        deployed_trained = self._deploy(test_acc, test_loss)
+        # Scoring runs off the event loop, as training does: nodes sharing a worker keep serving meanwhile.
+        test_acc, test_loss, val_acc, deployed_trained = await asyncio.to_thread(self._scored)
         clock.switch("publish")
         meta = {"n_train": len(self.data.train), **strategy.shared_meta(ctx)}
         if strategy.shared_parts:
@@ -352,10 +351,9 @@ class Node:
             # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
             # no second pass over a test split that may hold a thousand samples.
             acc_agg, loss_agg, val_acc_agg = test_acc, test_loss, val_acc
+            deployed_aggregated = self._deploy(acc_agg, loss_agg)
         else:
-            acc_agg, loss_agg = self.trainer.evaluate(self.model, self.data.test)
-            val_acc_agg = self._val_acc()
-        deployed_aggregated = self._deploy(acc_agg, loss_agg)
+            acc_agg, loss_agg, val_acc_agg, deployed_aggregated = await asyncio.to_thread(self._scored)
         self._scores = (acc_agg, loss_agg, val_acc_agg)
         time_record = clock.stop()
         record: dict[str, Any] = {
@@ -413,6 +411,11 @@ class Node:
             kept.append(fetch)
         return kept, versions, sorted(sat_out)
 
+    def _scored(self) -> tuple[float, float, float | None, Deployment]:
+        """The model's test accuracy and loss, validation accuracy, and what the safeguard deploys."""
+        test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
+        return test_acc, test_loss, self._val_acc(), self._deploy(test_acc, test_loss)
+
     def _val_acc(self) -> float | None:
         """The model's accuracy on the validation split (None where the node has none)."""
         if len(self.data.val) == 0:
@@ -445,7 +448,8 @@ class Node:
         await self.endpoint.sit_out(r)
         clock.switch("evaluate")
         if self._scores is None:  # the model has not been scored since it last changed (round 1, a resume)
-            self._scores = (*self.trainer.evaluate(self.model, self.data.test), self._val_acc())
+            test_acc, test_loss, val_acc, _ = await asyncio.to_thread(self._scored)
+            self._scores = (test_acc, test_loss, val_acc)
         test_acc, test_loss, val_acc = self._scores
         deployed = self._deploy(test_acc, test_loss)
         scores = self.safeguard.round_record(test_acc, test_acc, deployed, deployed)
