@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", type=Path, default=None,
                      help="where the cross-folder table goes (default: the first folder's parent)")
 
+    new = sub.add_parser("new", help="write a project folder (scenario, data, model, strategy) that runs as written")
+    new.add_argument("name", help="the folder to create (letters, digits, '_', '-')")
+    new.add_argument("--parent", type=Path, default=Path("."), help="where to create it (default: here)")
     data = sub.add_parser("data", help="inspect data and partitions")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     show = data_sub.add_parser("show", help="print a scenario's partition and save a picture")
@@ -309,6 +312,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"roster: {args.out / 'roster.toml'} (check it with: p2pfl roster check {args.out / 'roster.toml'})")
         for path in paths:
             print(f"p2pfl {'coordinator' if path.stem == 'coordinator' else 'node'} {path}")
+        return 0
+    if args.command == "new":
+        from p2pfl.project import new_project
+
+        folder = new_project(args.name, args.parent)
+        print(f"wrote {folder}/: scenario.toml, data.py, model.py, strategy.py, README.md\n"
+              f"run it: cd {folder} && p2pfl run scenario.toml --out runs/first")
         return 0
     if args.command == "keygen":
         return _keygen(args)

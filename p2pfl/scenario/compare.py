@@ -90,9 +90,11 @@ def _is_sweep(item: str) -> bool:
 
 
 def _parse_row(token: str) -> Row:
-    match = re.fullmatch(r"([A-Za-z0-9_+-]+)(?:\[(.*)\])?", token)
+    # A built-in's name, or a user's strategy as "package.module:Class".
+    match = re.fullmatch(r"([A-Za-z0-9_+-]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)(?:\[(.*)\])?", token)
     if not match:
-        raise ConfigError("--algorithms", f"cannot parse {token!r}; expected name or name[key=value,...]")
+        raise ConfigError("--algorithms", f"cannot parse {token!r}; expected name, package.module:Class, "
+                                          "or either with [key=value,...]")
     name, items = match.group(1), _split_top_level(match.group(2) or "")
     swept = [i for i, item in enumerate(items) if _is_sweep(item)]
     if len(swept) > 1:
