@@ -47,7 +47,7 @@ from p2pfl.runtime.topology import Topology
 from p2pfl.scenario.carriers import build_carrier
 from p2pfl.scenario.run_inputs import resolve_run_inputs
 from p2pfl.scenario.schema import Scenario, load_scenario
-from p2pfl.training import LocalTrainer
+from p2pfl.training.trainer import LocalTrainer
 from p2pfl.wire import NodeKey
 
 

@@ -205,6 +205,14 @@ def _resume_hint(args: argparse.Namespace) -> str:
     return ""
 
 
+def _fields_first(scenario: Path, overrides: list[str]) -> None:
+    """Check the scenario's fields before the launcher loads torch: a typo is named in about a
+    second (the schema checks every table torch-free first)."""
+    from p2pfl.scenario.schema import load_scenario
+
+    load_scenario(scenario, overrides)
+
+
 def _keygen(args: argparse.Namespace) -> int:
     from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
     from p2pfl.runtime.roster import entry_toml
@@ -261,13 +269,14 @@ def _roster_check(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
-        from p2pfl.scenario.launcher import run_scenario
-
         if args.force and args.resume:
             raise ConfigError("--resume", "--force replaces the run that --resume would continue; pass one of them")
         overrides = list(args.overrides)
         if args.ray is not None:
             overrides += ['runtime.placement="ray"', f"runtime.ray_address={json.dumps(args.ray)}"]
+        _fields_first(args.scenario, overrides)
+        from p2pfl.scenario.launcher import run_scenario
+
         live_view = None
         if args.dashboard is not None:  # the report layer (and its plotting) only when asked for
             from p2pfl.report.dashboard import live_dashboard
@@ -298,6 +307,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_coordinator(load_node_config(args.config), resume=args.resume)
     if args.command == "compare":
+        _fields_first(args.scenario, args.overrides)
         from p2pfl.scenario.compare import parse_algorithms, run_compare
 
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -14,7 +14,7 @@ from torch.func import functional_call
 from p2pfl.core.influence import weighted_average
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import PeerModel, RoundContext
-from p2pfl.training import evaluate_logits
+from p2pfl.training.trainer import evaluate_logits
 
 
 def latest_parts(arrived: list[PeerModel], part: str) -> list[PeerModel]:

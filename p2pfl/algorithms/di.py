@@ -73,7 +73,7 @@ from p2pfl.core.influence_functions import SOLVERS, DataInfluence, LossSurface, 
 from p2pfl.models import SplitModel, body_features, load_part, part_spec, part_state
 from p2pfl.runtime.metadata import GLOBAL_META
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy
-from p2pfl.training import FitResult
+from p2pfl.training.trainer import FitResult
 
 HESSIANS = ("head", "all")
 

@@ -18,7 +18,7 @@ from torch import nn
 from p2pfl.algorithms import register
 from p2pfl.algorithms.fedavg import FedAvg
 from p2pfl.runtime.strategy import RoundContext
-from p2pfl.training import FitResult
+from p2pfl.training.trainer import FitResult
 
 
 def proximal_term(mu: float, anchor: Mapping[str, torch.Tensor]) -> Callable[[nn.Module], torch.Tensor]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from p2pfl.algorithms import register
 from p2pfl.algorithms.common import average_part_by_count, latest_parts
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
-from p2pfl.training import FitResult
+from p2pfl.training.trainer import FitResult
 
 
 @register

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from p2pfl.data import NodeData, Split
 from p2pfl.errors import ConfigError, check_table
+
+if TYPE_CHECKING:  # torch loads with the first attacker, not with the schema that reads [attack]
+    import torch
+
+    from p2pfl.data import NodeData
 
 KINDS = ("none", "noise", "sign-flip", "label-flip")
 
@@ -63,6 +65,8 @@ class Attack:
     """One attacking node's behaviour; the runtime calls it where the node trains and publishes."""
 
     def __init__(self, spec: AttackSpec, seed: int) -> None:
+        import torch
+
         self.spec = spec
         self.generator = torch.Generator().manual_seed(seed * 7919 + 17)
 
@@ -71,6 +75,8 @@ class Attack:
 
     def training_data(self, data: NodeData, num_classes: int) -> NodeData:
         """Label flip poisons the training split; the node's own val/test splits stay true."""
+        from p2pfl.data import NodeData, Split
+
         if self.spec.kind != "label-flip":
             return data
         flipped = Split(data.train.x, (num_classes - 1) - data.train.y)
@@ -79,6 +85,8 @@ class Attack:
     def published(self, parts: Mapping[str, Mapping[str, torch.Tensor]], start: Mapping[str, torch.Tensor],
                   round_: int) -> dict[str, dict[str, torch.Tensor]]:
         """What the node publishes instead of `parts` (host tensors; `start`: the round's start state)."""
+        import torch
+
         if not self.active(round_) or self.spec.kind not in ("noise", "sign-flip"):
             return {p: dict(t) for p, t in parts.items()}
         out: dict[str, dict[str, torch.Tensor]] = {}

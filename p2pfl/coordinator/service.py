@@ -39,7 +39,7 @@ from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Reply, Submi
 from p2pfl.runtime.transport import SETUP_PREFIX, Transport
 from p2pfl.scenario.carriers import build_carrier
 from p2pfl.scenario.schema import Scenario, load_scenario
-from p2pfl.training import LocalTrainer
+from p2pfl.training.trainer import LocalTrainer
 from p2pfl.wire import Message, NodeKey
 
 

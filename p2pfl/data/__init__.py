@@ -8,13 +8,42 @@ fonts, and cached as .npz under ``$P2PFL_DATA_CACHE`` (default ``~/.cache/p2pfl/
 Imports nothing from p2pfl except :class:`p2pfl.errors.ConfigError`.
 """
 
-from .cache import cache_dir, clear_cache
-from .digits import DOMAIN_SIZES, data_fingerprint, load_domain, load_mnist
-from .local import load_cifar, load_idx, read_idx
-from .partition import build_partition, prepare
-from .show import show
-from .spec import DATASETS, DIGIT_DOMAINS, PARTITIONS, DataSpec, validate_num_nodes
-from .types import NodeData, Partition, Split
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cache import cache_dir, clear_cache
+    from .digits import DOMAIN_SIZES, data_fingerprint, load_domain, load_mnist
+    from .local import load_cifar, load_idx, read_idx
+    from .partition import build_partition, prepare
+    from .show import show
+    from .spec import DATASETS, DIGIT_DOMAINS, PARTITIONS, DataSpec, validate_num_nodes
+    from .types import NodeData, Partition, Split
+
+# Each name from its module, imported when first named: the schema reads `spec` (torch-free)
+# without loading the partitioners, torch and the image renderers.
+_HOMES = {
+    "cache": ("cache_dir", "clear_cache"),
+    "digits": ("DOMAIN_SIZES", "data_fingerprint", "load_domain", "load_mnist"),
+    "local": ("load_cifar", "load_idx", "read_idx"),
+    "partition": ("build_partition", "prepare"),
+    "show": ("show",),
+    "spec": ("DATASETS", "DIGIT_DOMAINS", "PARTITIONS", "DataSpec", "validate_num_nodes"),
+    "types": ("NodeData", "Partition", "Split"),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'p2pfl.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"p2pfl.data.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DATASETS",

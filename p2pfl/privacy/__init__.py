@@ -19,12 +19,12 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
 from p2pfl.errors import ConfigError
 from p2pfl.privacy.spec import ACCOUNTANTS, MODES, PrivacySpec
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from p2pfl.privacy.dpsgd import DPSGDMechanism
     from p2pfl.privacy.output_noise import OutputNoiseMechanism
 

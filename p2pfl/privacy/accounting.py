@@ -54,7 +54,7 @@ def noise_for_target(target_epsilon: float, delta: float, sample_rate: float, st
 
 def generator_states(generators: dict[str, torch.Generator]) -> dict[str, str]:
     """Noise generators' states by device, as hex, for checkpoints."""
-    from p2pfl.training import rng_state_hex
+    from p2pfl.training.trainer import rng_state_hex
 
     return {device: rng_state_hex(g.get_state()) for device, g in generators.items()}
 
@@ -63,7 +63,7 @@ def restore_generators(generators: dict[str, torch.Generator], states: dict[str,
                        make: Callable[[torch.device], torch.Generator]) -> None:
     import torch
 
-    from p2pfl.training import rng_state_from_hex
+    from p2pfl.training.trainer import rng_state_from_hex
 
     for device, state in states.items():
         generator = generators.get(device) or make(torch.device(device))

@@ -46,7 +46,7 @@ from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.transport import Transport
-from p2pfl.training import LocalTrainer, PrivacyMechanism, rng_state_from_hex, rng_state_hex
+from p2pfl.training.trainer import LocalTrainer, PrivacyMechanism, rng_state_from_hex, rng_state_hex
 from p2pfl.wire import Message, NodeKey
 
 PEER_PARTS = ("body", "head", "full")

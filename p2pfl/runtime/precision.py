@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 import torch
 
-WIRE_PRECISIONS = ("float32", "float16", "int8")
+from p2pfl.runtime.settings import WIRE_PRECISIONS  # noqa: F401  (its home for the schema, named here too)
+
 SCALE_SUFFIX = "#scale"  # '#' never occurs in a state-dict name, so it cannot collide with one
 INT8_LEVELS = 127  # symmetric: -127..127, so that 0 is exact and the range is its own negation
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from p2pfl.core.evidence import DEFAULT_LEVEL, disagreements, evidence_z, prefer_federated
 from p2pfl.models import part_spec
-from p2pfl.training import LocalTrainer, correct_per_sample, rng_state_from_hex, rng_state_hex
+from p2pfl.training.trainer import LocalTrainer, correct_per_sample, rng_state_from_hex, rng_state_hex
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 

@@ -25,7 +25,7 @@ from p2pfl.runtime.metadata import Schema
 from p2pfl.runtime.peers import COORDINATOR_ID  # noqa: F401  (strategies address the coordinator by it)
 from p2pfl.runtime.run_folder import ArtefactSink
 from p2pfl.runtime.transport.stores import SETUP_PREFIX
-from p2pfl.training import FitResult, LocalTrainer
+from p2pfl.training.trainer import FitResult, LocalTrainer
 
 if TYPE_CHECKING:
     from p2pfl.data import NodeData

@@ -16,10 +16,12 @@ from __future__ import annotations
 import functools
 
 from dataclasses import dataclass
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from p2pfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 TOPOLOGIES = ("full", "ring", "regular:d", "small_world:d")
 SMALL_WORLD_REWIRING = 0.1
@@ -55,6 +57,8 @@ class Topology:
 
     def graph(self, nodes: int, seed: int) -> nx.Graph:
         """The graph on nodes 0..nodes-1; connected."""
+        import networkx as nx  # here: checking a scenario's topology field needs no graph library
+
         self.check(nodes)
         if self.kind == "full":
             return nx.complete_graph(nodes)

@@ -26,11 +26,11 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
-from p2pfl.runtime.precision import WIRE_PRECISIONS
-from p2pfl.runtime.settings import DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND, SAFEGUARD_KINDS
+from p2pfl.runtime.settings import (DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND, SAFEGUARD_KINDS,
+                                    WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import CARRIERS
-from p2pfl.training import TrainConfig
+from p2pfl.training.config import TrainConfig
 
 TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
              "attack"}
@@ -239,11 +239,12 @@ def scenario_differences(stored: Mapping[str, Any], scenario: Scenario) -> list[
 
 
 def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
-    from p2pfl.algorithms import build_strategy, strategy_class
+    """The scenario, every field checked: first each table's fields and values, torch-free (a
+    typo is named in well under a second); then the model and the algorithm's parameters, which
+    need torch."""
     from p2pfl.attacks import AttackSpec
-    from p2pfl.data import DataSpec
-    from p2pfl.models import MODELS
-    from p2pfl.privacy import PrivacySpec
+    from p2pfl.data.spec import DataSpec
+    from p2pfl.privacy.spec import PrivacySpec
 
     check_table(raw, sorted(TOP_LEVEL), "")
     name = _typed(raw.get("name", Path(source).stem), str, "name")
@@ -260,11 +261,6 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
 
     data = DataSpec.from_dict(raw.get("data", {}), prefix="data")
     model = _dataclass_from_table(ModelSpec, raw.get("model", {}), "model")
-    if is_reference(model.name):
-        resolve(model.name, "model.name")  # imports now; the launcher builds it once before nodes start
-    elif model.name not in MODELS:
-        raise ConfigError("model.name", f"unknown model {model.name!r}; choose one of {sorted(MODELS)} "
-                                        "or 'package.module:factory'")
     algo_table = raw.get("algorithm", {})
     if not isinstance(algo_table, Mapping):
         raise ConfigError("algorithm", "expected a table with `name` and optional `params`")
@@ -273,10 +269,6 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     params = algo_table.get("params", {})
     if not isinstance(params, Mapping):
         raise ConfigError("algorithm.params", "expected a table")
-    strategy_class(algo_name)
-    strategy = build_strategy(algo_name, params)  # validates the parameters now, before any process starts
-    # A coordinator that answers every round holds one global model and waits for every node.
-    global_step = strategy.needs_coordinator and getattr(strategy.coordinator, "round_kind", None) is not None
     safeguard = _safeguard_kind(algo_table.get("safeguard", False))
     safeguard_level = _safeguard_level(algo_table.get("safeguard_level"), safeguard)
     algorithm = AlgorithmSpec(algo_name, dict(params), safeguard, safeguard_level)
@@ -285,6 +277,20 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
     Topology.parse(runtime.topology).check(nodes)
+
+    # From here torch loads: the model's name, and the algorithm's parameters against its class.
+    from p2pfl.algorithms import build_strategy, strategy_class
+    from p2pfl.models import MODELS
+
+    if is_reference(model.name):
+        resolve(model.name, "model.name")  # imports now; the launcher builds it once before nodes start
+    elif model.name not in MODELS:
+        raise ConfigError("model.name", f"unknown model {model.name!r}; choose one of {sorted(MODELS)} "
+                                        "or 'package.module:factory'")
+    strategy_class(algo_name)
+    strategy = build_strategy(algo_name, params)  # validates the parameters now, before any process starts
+    # A coordinator that answers every round holds one global model and waits for every node.
+    global_step = strategy.needs_coordinator and getattr(strategy.coordinator, "round_kind", None) is not None
     conflict = strategy.privacy_conflict(privacy.mode)
     if conflict:
         raise ConfigError("privacy.mode", f"{algo_name}: {conflict}")

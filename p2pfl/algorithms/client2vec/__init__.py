@@ -57,7 +57,7 @@ from p2pfl.core.client2vec import (
 from p2pfl.core.influence import weighted_average
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, RunResults, Strategy
-from p2pfl.training import FitResult
+from p2pfl.training.trainer import FitResult
 
 __all__ = ["BATCH", "Client2Vec", "Client2VecHalf", "Eq4", "ReusedIndices", "parse_indices"]
 

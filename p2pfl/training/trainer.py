@@ -1,0 +1,243 @@
+"""Local training and evaluation, shared by every strategy.
+
+Privacy plugs in through `PrivacyMechanism`: DP-SGD wraps model, optimizer and loader for
+one fit; output noise perturbs the update before it is published. The trainer knows no
+algorithm and no network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from p2pfl.training.config import TrainConfig
+
+@dataclass
+class FitResult:
+    loss: float  # mean training loss over the last epoch
+    steps: int
+    samples: int
+
+
+class PrivacyMechanism(Protocol):
+    def make_private(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: DataLoader,
+        epochs: int,
+        regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+    ) -> tuple[nn.Module, torch.optim.Optimizer, Iterable[Any]]:
+        """Wrap for one fit (DP-SGD); return the inputs unchanged for mechanisms that act on outputs.
+
+        A mechanism that wraps the model (returns another module) takes over `regularizer`:
+        DP-SGD replaces the gradient by its noisy clipped per-sample sum, so a term added to
+        the loss would be dropped; the mechanism adds its gradient after clipping and noise.
+        """
+        ...
+
+    def release(self, wrapped: nn.Module) -> None:
+        """Undo `make_private` after the fit: no hooks may survive into the next round."""
+        ...
+
+    def before_publish(self, model: nn.Module, round_start: Mapping[str, torch.Tensor]) -> None:
+        """Perturb the model in place before it is shared (output noise); no-op for DP-SGD."""
+        ...
+
+    def epsilon(self) -> float | None:
+        """Cumulative epsilon at the run's delta so far."""
+        ...
+
+    def exhausted(self) -> bool:
+        """True when one more round would exceed the configured epsilon budget."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The accountant's history and the noise's random state: what a checkpoint keeps."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from `state_dict`'s output (a resumed node)."""
+        ...
+
+    def steps(self) -> int:
+        """Accounted steps so far."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The mechanism's settings as resolved (noise multiplier, clipping, accountant), for results."""
+        ...
+
+
+def rng_state_hex(state: torch.Tensor) -> str:
+    """A torch generator's state (uint8 tensor) as hex, for JSON checkpoints."""
+    return state.cpu().numpy().tobytes().hex()
+
+
+def rng_state_from_hex(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(bytes.fromhex(text)), dtype=torch.uint8)
+
+
+def _split_tensors(split: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return split.x, split.y
+
+
+class LocalTrainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        privacy: PrivacyMechanism | None = None,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.privacy = privacy
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def loader(self, split: Any, batch_size: int | None = None, shuffle: bool = True) -> DataLoader:
+        x, y = _split_tensors(split)
+        return DataLoader(
+            TensorDataset(x, y),
+            batch_size=batch_size or self.config.batch_size,
+            shuffle=shuffle,
+            generator=self.generator if shuffle else None,
+        )
+
+    def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        cfg = self.config
+        params = [p for p in params if p.requires_grad]
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def fit(
+        self,
+        model: nn.Module,
+        split: Any,
+        *,
+        epochs: int | None = None,
+        params: Iterable[nn.Parameter] | None = None,
+        regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+    ) -> FitResult:
+        """Train `params` (default: all of `model`) for `epochs` with a fresh optimizer.
+
+        `regularizer(model)` is added to the batch loss (FedProx's proximal term). A fresh
+        optimizer per fit keeps the round's update a function of the round's start model,
+        which is what peers aggregate.
+        """
+        epochs = self.config.epochs if epochs is None else epochs
+        model.to(self.device)
+        model.train()
+        selected = list(model.parameters()) if params is None else list(params)
+        selected_ids = {id(p) for p in selected}
+        frozen = [p for p in model.parameters() if id(p) not in selected_ids and p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        optimizer = self.make_optimizer(selected)
+        loader = self.loader(split)
+        trained: nn.Module = model
+        loss_regularizer = regularizer
+        if self.privacy is not None and epochs > 0:
+            trained, optimizer, loader = self.privacy.make_private(model, optimizer, loader, epochs, regularizer)
+            if trained is not model:
+                loss_regularizer = None  # the private optimizer adds its gradient after clipping and noise
+        loss_fn = nn.CrossEntropyLoss()
+        steps = samples = 0
+        last_epoch_loss, last_epoch_n = 0.0, 0
+        try:
+            for _ in range(epochs):
+                last_epoch_loss, last_epoch_n = 0.0, 0
+                for xb, yb in loader:
+                    if len(yb) == 0:  # Poisson sampling in DP-SGD can draw empty batches
+                        continue
+                    xb, yb = xb.to(self.device), yb.to(self.device)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = loss_fn(trained(xb), yb)
+                    total = loss + loss_regularizer(model) if loss_regularizer is not None else loss
+                    total.backward()
+                    optimizer.step()
+                    steps += 1
+                    samples += len(yb)
+                    last_epoch_loss += float(loss.detach()) * len(yb)
+                    last_epoch_n += len(yb)
+        finally:
+            if trained is not model and self.privacy is not None:
+                self.privacy.release(trained)
+            for p in frozen:
+                p.requires_grad_(True)
+        return FitResult(loss=last_epoch_loss / max(last_epoch_n, 1), steps=steps, samples=samples)
+
+    def warm_up(self, model: nn.Module, split: Any, eval_split: Any, eval_batch_size: int = 1024) -> None:
+        """One training-sized forward/backward and one evaluation-sized forward, changing nothing.
+
+        The first pass at each batch shape pays one-off costs (kernel selection, allocator
+        growth, lazy imports: torch's first optimizer imports torch._dynamo); a node runs
+        this at start-up so that they are not charged to round 1."""
+        self.make_optimizer(model.parameters())
+        x, y = _split_tensors(split)
+        if len(y) == 0:
+            return
+        model.to(self.device)
+        was_training = model.training
+        model.eval()  # no running statistics (BatchNorm) may change
+        try:
+            n = min(self.config.batch_size, len(y))
+            nn.functional.cross_entropy(model(x[:n].to(self.device)), y[:n].to(self.device)).backward()
+            ex, _ = _split_tensors(eval_split)
+            with torch.no_grad():
+                if len(ex):
+                    model(ex[:eval_batch_size].to(self.device))
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: Any, batch_size: int = 1024) -> tuple[float, float]:
+        """(accuracy, mean cross-entropy) of `model` on `split`."""
+        model.to(self.device)
+        return evaluate_logits(model, model, split, batch_size)
+
+
+@torch.no_grad()
+def evaluate_logits(forward: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, split: Any,
+                    batch_size: int = 1024) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `forward(x)` on `split`, on `module`'s device and with
+    `module` in eval mode (`forward` may be `module` itself or a functional call on it)."""
+    n = len(_split_tensors(split)[1])
+    if n == 0:
+        return float("nan"), float("nan")
+    correct, loss_sum = 0, 0.0
+    for logits, yb in _eval_batches(forward, module, split, batch_size):
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    return correct / n, loss_sum / n
+
+
+@torch.no_grad()
+def correct_per_sample(model: nn.Module, split: Any, batch_size: int = 1024) -> torch.Tensor:
+    """Which samples of `split` `model` classifies right (bool, on the CPU), in eval mode."""
+    hits = [(logits.argmax(1) == yb).cpu() for logits, yb in _eval_batches(model, model, split, batch_size)]
+    return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
+
+
+def _eval_batches(forward: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, split: Any,
+                  batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) per batch on `module`'s device, `module` in eval mode meanwhile."""
+    x, y = _split_tensors(split)
+    first = next(module.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    was_training = module.training
+    module.eval()
+    try:
+        for start in range(0, len(y), batch_size):
+            yb = y[start : start + batch_size].to(device)
+            yield forward(x[start : start + batch_size].to(device)), yb
+    finally:
+        module.train(was_training)
