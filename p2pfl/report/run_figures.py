@@ -26,14 +26,35 @@ def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
     return save_figure(fig, out / "accuracy.png")
 
 
+def plot_loss(results: Mapping[str, Any], out: Path) -> Path:
+    """Training loss (the last local epoch's mean) and test loss of the model a node deploys."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in zip(axes, ("train_loss", "test_loss"), ("training loss (last local epoch)", "test loss")):
+        plot_nodes(ax, [(node_label(results, n), [(r["round"], r.get(key)) for r in n["rounds"]])
+                        for n in results["nodes"]])
+        ax.set_title(title)
+        round_axis(ax)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cross-entropy")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"{results['scenario']['name']}: {results['algorithm']}")
+    return save_figure(fig, out / "loss.png")
+
+
 def plot_bytes(results: Mapping[str, Any], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_nodes(ax, [(node_label(results, n), [(r["round"], r["param_bytes_received"] / 2**20) for r in n["rounds"]])
                      for n in results["nodes"]])
     round_axis(ax)
     ax.set_ylabel("parameter MiB received")
+    ax.set_ylim(bottom=0)  # from zero: a constant download is a flat line, not noise zoomed in
     series = {tuple(r["param_bytes_received"] for r in n["rounds"]) for n in results["nodes"]}
     same = f"; all {len(results['nodes'])} nodes alike" if len(series) == 1 and len(results["nodes"]) > 1 else ""
+    values = {v for s in series for v in s}
+    if len(values) == 1:  # one number says it
+        each = next(iter(values))
+        amount = f"{each / 2**20:.2f} MiB" if each >= 2**20 else f"{each / 2**10:.1f} KiB"
+        ax.text(0.5, 0.5, f"{amount} per node, every round", transform=ax.transAxes, ha="center", fontsize=11)
     ax.set_title(f"download per node per round ({results['algorithm']}{same})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -125,6 +146,17 @@ def _matrix_by_round(values: Mapping[str, Mapping[int, Any]], node_ids: list[str
     return mat
 
 
+DIVERGING = ("coolwarm", "RdBu_r", "bwr")
+
+
+def diverging_limits(mat: np.ndarray) -> dict[str, float]:
+    """vmin and vmax symmetric about 0, so that 0 sits at the colour scale's neutral middle."""
+    finite = mat[np.isfinite(mat)]
+    largest = float(np.abs(finite).max()) if finite.size else 1.0
+    largest = largest if largest > 0 else 1.0
+    return {"vmin": -largest, "vmax": largest}
+
+
 def _heatmaps(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], title: str, path: Path,
               extra: tuple[str, np.ndarray] | None = None, cmap: str = "viridis",
               tick_labels: list[str] | None = None) -> Path:
@@ -137,7 +169,8 @@ def _heatmaps(values: Mapping[str, Mapping[int, Any]], node_ids: list[str], titl
     axes = np.atleast_1d(axes)
     short = tick_labels or [nid.replace("node-", "") for nid in node_ids]
     for ax, (name, mat) in zip(axes, panels):
-        im = ax.imshow(mat, cmap=cmap)
+        # A diverging scale is centred on 0 (a Shapley value or relevance of 0 is neither colour).
+        im = ax.imshow(mat, cmap=cmap, **(diverging_limits(mat) if cmap in DIVERGING else {}))
         ax.set_title(name)
         ax.set_xticks(range(len(short)), short, fontsize=7, rotation=90 if tick_labels else 0)
         ax.set_yticks(range(len(short)), short, fontsize=7)
@@ -286,7 +319,7 @@ def report_run(run_dir: Path) -> list[Path]:
         print(f"{run_dir}: {warning}", file=sys.stderr)
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
-    paths = [plot_accuracy(results, out), plot_bytes(results, out)]
+    paths = [plot_accuracy(results, out), plot_loss(results, out), plot_bytes(results, out)]
     node_ids = [n["id"] for n in results["nodes"]]
     # Under a domain split a heatmap is read by domain: "3 mnistm" rather than "3".
     domains = [n.get("domain") for n in results["nodes"]]

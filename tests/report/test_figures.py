@@ -88,3 +88,13 @@ def test_a_lan_merge_and_the_launcher_write_the_same_results(tmp_path: Path) -> 
     merged = json.loads((lan / "results.json").read_text())
     assert set(merged) == set(results) and "relevance_scores" in merged and "data_fingerprint" in merged
     assert merged["relevance_scores"] == json.loads(json.dumps(results["relevance_scores"]))
+
+
+def test_a_diverging_scale_is_centred_on_zero() -> None:
+    """Issue 33, item 7: relevance drawn with coolwarm put 0 on the blue side when values were skewed."""
+    import numpy as np
+
+    from p2pfl.report.run_figures import diverging_limits
+
+    assert diverging_limits(np.array([[0.05, -0.3], [np.nan, 0.1]])) == {"vmin": -0.3, "vmax": 0.3}
+    assert diverging_limits(np.array([[0.0, np.nan]])) == {"vmin": -1.0, "vmax": 1.0}
