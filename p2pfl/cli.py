@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", type=Path, default=None,
                      help="where the cross-folder table goes (default: the first folder's parent)")
 
+    export = sub.add_parser("export", help="a run folder's records in another tool's format")
+    export.add_argument("run", type=Path)
+    export.add_argument("--tensorboard", action="store_true", required=True,
+                        help="TensorBoard scalars, one run per node and one for the mean (needs the tensorboard extra)")
+    export.add_argument("--logdir", type=Path, default=None, help="where (default: RUN/tensorboard)")
     new = sub.add_parser("new", help="write a project folder (scenario, data, model, strategy) that runs as written")
     new.add_argument("name", help="the folder to create (letters, digits, '_', '-')")
     new.add_argument("--parent", type=Path, default=Path("."), help="where to create it (default: here)")
@@ -322,6 +327,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"roster: {args.out / 'roster.toml'} (check it with: p2pfl roster check {args.out / 'roster.toml'})")
         for path in paths:
             print(f"p2pfl {'coordinator' if path.stem == 'coordinator' else 'node'} {path}")
+        return 0
+    if args.command == "export":
+        from p2pfl.report.tensorboard import export_tensorboard
+
+        logdir = export_tensorboard(args.run, args.logdir)
+        print(f"wrote {logdir}: tensorboard --logdir {logdir}")
         return 0
     if args.command == "new":
         from p2pfl.project import new_project
