@@ -35,7 +35,8 @@ from p2pfl.hosting import Hosting, hosting_for
 from p2pfl.hosting.ports import free_ports
 from p2pfl.hosting.process import spawn
 from p2pfl.scenario.results import STOPPED, format_summary, write_results
-from p2pfl.scenario.schema import Scenario, apply_overrides, load_scenario, scenario_differences, scenario_from_dict
+from p2pfl.scenario.schema import (Scenario, apply_overrides, load_scenario, scenario_differences, scenario_from_dict,
+                                   stored_as_made)
 from p2pfl.wire import NodeKey
 
 
@@ -190,7 +191,8 @@ def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (
     stored = RunFolder(Path(out)).scenario
     if resume and stored.is_file():
         from_file = scenario
-        scenario = scenario_from_dict(apply_overrides(json.loads(stored.read_text()), overrides), source=str(stored))
+        scenario = scenario_from_dict(apply_overrides(stored_as_made(json.loads(stored.read_text())), overrides),
+                                      source=str(stored))
         changed = scenario_differences(scenario.to_dict(), from_file)
         if changed and not quiet:
             print(f"note: {path} differs from the scenario the run was started with ({', '.join(changed[:5])}); "

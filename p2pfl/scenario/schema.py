@@ -215,8 +215,6 @@ class Scenario:
         for key in RUNTIME_ADDED:  # absent at their defaults: old run folders still match
             if out["runtime"][key] == RuntimeSpec.__dataclass_fields__[key].default:
                 del out["runtime"][key]
-        if out["runtime"]["update_bound"] == 0:  # absent when off, as runs made before it were; on, they differ
-            del out["runtime"]["update_bound"]
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
         if self.algorithm.safeguard is not None:  # absent when off: old run folders still match
             out["algorithm"]["safeguard"] = True if self.algorithm.safeguard == "mix" else self.algorithm.safeguard
@@ -227,9 +225,21 @@ class Scenario:
         return out
 
 
+def stored_as_made(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored resolved scenario with the fields it predates set to how its run was made: a run
+    made before `runtime.update_bound` existed bounded nothing (0), though the field's default
+    is now 3, so it is compared and resumed as 0."""
+    out = json.loads(json.dumps(stored))
+    runtime = out.get("runtime")
+    if isinstance(runtime, dict) and "update_bound" not in runtime:
+        runtime["update_bound"] = 0.0
+    return out
+
+
 def scenario_differences(stored: Mapping[str, Any], scenario: Scenario) -> list[str]:
     """Dotted fields in which a stored resolved scenario (a run's `scenario.json` or results'
     `scenario`) differs from `scenario`; empty when the run was made from this scenario."""
+    stored = stored_as_made(stored)
     def walk(a: Any, b: Any, prefix: str) -> list[str]:
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             return [f for key in sorted(set(a) | set(b)) for f in walk(a.get(key), b.get(key), f"{prefix}{key}.")]
@@ -353,4 +363,7 @@ def read_raw(path: str | Path) -> dict[str, Any]:
 
 
 def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
-    return scenario_from_dict(apply_overrides(read_raw(path), overrides), source=str(path))
+    raw = read_raw(path)
+    if str(path).endswith(".json"):  # a run folder's resolved scenario, possibly older than some fields
+        raw = stored_as_made(raw)
+    return scenario_from_dict(apply_overrides(raw, overrides), source=str(path))

@@ -104,3 +104,24 @@ def test_finding_12_a_sign_flipping_peer_x1000_is_bounded_and_named(tmp_path: Pa
     # Unbounded, the reversed update x1000 weighs a third of each honest average: the models grow
     # by orders of magnitude; bounded, they stay the size of a trained model.
     assert max(bounded_norms) * 10 < min(open_norms)
+
+
+def test_update_bound_0_survives_the_run_folder_and_old_runs_count_as_unbounded(tmp_path: Path) -> None:
+    """A run asked for without the bound must run without it: the resolved scenario the nodes
+    read keeps 0 (it was once left out, and the nodes read the default 3). A run folder made
+    before the field existed is compared and resumed as 0, how it was made."""
+    import json
+
+    from p2pfl.scenario.schema import load_scenario, scenario_differences
+
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, rounds=1), ["runtime.update_bound=0"])
+    stored = json.loads(json.dumps(scenario.to_dict()))
+    assert stored["runtime"]["update_bound"] == 0
+    (tmp_path / "scenario.json").write_text(json.dumps(stored))
+    assert load_scenario(tmp_path / "scenario.json").runtime.update_bound == 0
+    older = json.loads(json.dumps(stored))
+    del older["runtime"]["update_bound"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert load_scenario(tmp_path / "older.json").runtime.update_bound == 0
+    assert scenario_differences(older, scenario) == []
+    assert scenario_differences(older, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1))) == ["runtime.update_bound"]
