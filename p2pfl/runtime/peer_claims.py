@@ -21,7 +21,8 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
   c·‖θ_own − θ_start‖; a part farther away is pulled back along the same line onto that sphere
   (norm clipping, as in Sun et al. 2019, "Can you really backdoor federated learning?"), and
   the peer is named in the round's record. A sign-flipped update ×1000 or noise as large as a
-  model then moves an average no more than c honest updates would. The bound reads honest
+  model then moves an average no more than c honest updates would. c = 1 by default: no peer
+  moves a node further than its own training did (chosen on validation accuracy, docs/security.md). The bound reads honest
   peers as near one's own model, which holds for FedAvg's neighbours; personalised models and
   nodes with far less data than their peers (smaller steps) bound honest peers too, and the
   record says how often. The coordinator's global model is not bounded: it is the reference.

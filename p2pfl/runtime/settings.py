@@ -12,7 +12,7 @@ from typing import Any
 
 DEFAULT_MAX_WEIGHT_RATIO = 4.0  # runtime.max_weight_ratio (p2pfl.runtime.peer_claims)
 DEFAULT_MAX_NORM_RATIO = 1000.0  # runtime.max_norm_ratio
-DEFAULT_UPDATE_BOUND = 3.0  # runtime.update_bound; 0 turns it off
+DEFAULT_UPDATE_BOUND = 1.0  # runtime.update_bound; 0 turns it off (chosen on validation: docs/security.md)
 WIRE_PRECISIONS = ("float32", "float16", "int8")  # runtime.wire_precision (p2pfl.runtime.precision)
 SAFEGUARD_KINDS = ("mix", "local")  # algorithm.safeguard (p2pfl.runtime.safeguard); torch-free, for the schema
 

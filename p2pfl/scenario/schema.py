@@ -136,7 +136,8 @@ class RuntimeSpec:
     max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
     max_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
     # A peer's model part is pulled back to at most this many times the distance the node's own
-    # training moved its model this round (norm clipping against poisoning); 0 turns it off.
+    # training moved its model this round (norm clipping against poisoning); 0 turns it off. The
+    # papers' scenarios set 0: a paper's method runs as printed.
     update_bound: float = DEFAULT_UPDATE_BOUND
     buffered_mb: float = 256.0        # bodies of pushes read at once, all senders together; beyond it: 429
     # The carrier between nodes (p2pfl.runtime.transport): "http" between processes and machines;
