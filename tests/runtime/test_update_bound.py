@@ -53,8 +53,11 @@ def test_a_wrong_update_bound_is_named(value: float) -> None:
 
 
 def test_a_node_pulls_a_sign_flipped_part_back_and_names_its_sender(tmp_path: Path) -> None:
+    import dataclasses
+
     peer_key = NodeKey.generate()
     node = _serving(tmp_path, peer_key)
+    node.settings = dataclasses.replace(node.settings, update_bound=3.0)
     node.ctx.round_start = {k: v.detach().clone() for k, v in node.model.state_dict().items()}
     with torch.no_grad():  # this node's own training this round: 0.01 on every body parameter
         for name, p in node.model.named_parameters():
