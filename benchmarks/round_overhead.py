@@ -28,7 +28,7 @@ import torch
 from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
 from p2pfl.runtime.config import load_node_config
-from p2pfl.runtime.placement import host_snapshot, to_device
+from p2pfl.runtime.devices import host_snapshot, to_device
 from p2pfl.runtime.strategy import PeerModel
 from p2pfl.scenario.launcher import run_loaded, write_run_folder
 from p2pfl.scenario.schema import Scenario, load_scenario
