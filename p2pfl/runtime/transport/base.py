@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pfl.runtime.accounting import CONTROL
 from p2pfl.runtime.metadata import GOODBYE_META, Schema, check_meta
@@ -21,6 +21,9 @@ from p2pfl.runtime.rejections import RejectionLog
 from p2pfl.runtime.transport.stores import SETUP_PREFIX, PartStore, Published, SetupStore
 from p2pfl.wire import EncodedBody, Frame, Message, ReplayGuard, WireError, encode_body, open_message, seal_frame
 from p2pfl.wire.errors import quote
+
+if TYPE_CHECKING:
+    from p2pfl.runtime.transport import TransportSettings
 
 ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
 STATUS_POLLS_AT_ONCE = 8  # per node, while waiting for peers to come up
@@ -40,7 +43,7 @@ class Refused(Exception):
 
 
 class Carrier:
-    def __init__(self, settings: Any) -> None:  # a TransportSettings (the package face imports this module)
+    def __init__(self, settings: TransportSettings) -> None:
         self.settings = settings
         self.node_id = settings.node_id
         self.key = settings.key
