@@ -20,6 +20,7 @@ from p2pfl.runtime.metadata import GOODBYE_META, Schema, check_meta
 from p2pfl.runtime.rejections import RejectionLog
 from p2pfl.runtime.transport.stores import SETUP_PREFIX, PartStore, Published, SetupStore
 from p2pfl.wire import EncodedBody, Frame, Message, ReplayGuard, WireError, encode_body, open_message, seal_frame
+from p2pfl.wire.header import Header
 from p2pfl.wire.errors import quote
 
 if TYPE_CHECKING:
@@ -32,6 +33,13 @@ REJECTED = "rejected"  # bytes of messages that failed validation still crossed 
 GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
 MAX_WAIT_S = 600.0
 MAX_VERSION = 2**62
+
+
+class NotAccepted(WireError):
+    """A signed push of a kind or part this node does not take."""
+
+    status = 400
+    reason = "unexpected_kind"
 
 
 class Refused(Exception):
@@ -142,11 +150,21 @@ class Carrier:
             version=published.version, seq=self.next_seq(), part=part, meta=published.meta, body=body,
         )
 
-    def expectations(self, kind: str, part: str) -> tuple[ExpectedSpec | None, Schema | None]:
-        """The tensors and meta a pushed message of (`kind`, `part`) must carry; None: not accepted."""
-        if kind == GOODBYE:
-            return {}, GOODBYE_META
-        return self.expected_for(kind, part), self.meta_schema_for(kind, part)
+    def accepted(self, header: Header) -> ExpectedSpec:
+        """The tensors a pushed message with this authenticated head must carry. Before any body
+        byte is read, refuses (a `WireError`) a kind or part this node does not take, meta off its
+        schema, and a replayed or stale head."""
+        if header.kind == GOODBYE:
+            expected: ExpectedSpec | None = {}
+            schema: Schema | None = GOODBYE_META
+        else:
+            expected, schema = self.expected_for(header.kind, header.part), self.meta_schema_for(header.kind, header.part)
+        if expected is None:
+            raise NotAccepted(f"{self.node_id} does not accept kind={quote(header.kind, 40)} part={quote(header.part, 40)}")
+        if schema is not None:
+            check_meta(header.meta, schema)
+        self.replay.check(header.sender, header.seq, header.timestamp)
+        return expected
 
     def take(self, message: Message) -> tuple[int, str]:
         """A verified pushed message handed to the node: (status, text) as the inbox answers it."""

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from p2pfl.runtime.accounting import CONTROL
-from p2pfl.runtime.metadata import check_meta
 from p2pfl.runtime.rejections import UNVERIFIED, sender_label
 from p2pfl.runtime.transport.base import GOODBYE, MAX_WAIT_S, REJECTED, Carrier, Refused
 from p2pfl.wire import PREFIX_BYTES, Message, WireError, authenticate_head, encode_body, head_length, open_message, seal
@@ -90,14 +89,7 @@ class LoopbackCarrier(Carrier):
             head = frame[:head_length(prefix, total, self.limits)]
             header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
             sender, verified = header.sender, True
-            expected, schema = self.expectations(header.kind, header.part)
-            if expected is None:
-                self.counter.received(REJECTED, total, 0)
-                return self._refuse(header.sender, 400, f"{self.node_id} does not accept kind={quote(header.kind, 40)} "
-                                    f"part={quote(header.part, 40)}", "unexpected_kind")
-            if schema is not None:
-                check_meta(header.meta, schema)
-            self.replay.check(header.sender, header.seq, header.timestamp)
+            expected = self.accepted(header)
             message = open_message(head, body=frame[len(head):], roster=self.roster, recipient=self.node_id,
                                    replay=self.replay, limits=self.limits, expected=expected)
         except WireError as exc:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from p2pfl.runtime.metadata import check_meta
 from p2pfl.runtime.rejections import UNVERIFIED, sender_label
 from p2pfl.runtime.transport.base import MAX_VERSION, MAX_WAIT_S, REJECTED, Refused
 from p2pfl.runtime.transport.http.guard import GuardedProtocol
@@ -139,16 +138,9 @@ class HttpServer:
             head = prefix + await read(head_length(prefix, total, self.limits) - len(prefix))
             header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
             sender, verified = header.sender, True
-            expected, schema = self.expectations(header.kind, header.part)
-            if expected is None:
-                self.counter.received(REJECTED, received, 0)
-                return self._reject(header.sender, 400, f"{self.node_id} does not accept kind={quote(header.kind, 40)} "
-                                    f"part={quote(header.part, 40)}", kind="unexpected_kind")
-            if schema is not None:
-                check_meta(header.meta, schema)
-            # A replayed or stale head is refused before its body is read; and the bodies read at
-            # once share one budget, so that signed uploads held a byte short cannot pile up.
-            self.replay.check(header.sender, header.seq, header.timestamp)
+            # A kind not taken, or a replayed or stale head, is refused before its body is read; and
+            # the bodies read at once share one budget, so signed uploads held a byte short cannot pile up.
+            expected = self.accepted(header)
             body_bytes = total - len(head)
             budget = self.server_limits.max_buffered_body_bytes
             if self.buffered_body_bytes + body_bytes > budget:
