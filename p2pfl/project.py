@@ -70,10 +70,8 @@ def build(in_channels, image_size, num_classes):
     return model, "classifier"
 '''
 
-STRATEGY = '''\
-"""How a node learns from its peers: the coordinate-wise mean of every model (its own included)
-without the `trim` largest and smallest values, robust to a peer that sends nonsense."""
-
+# docs/algorithms.md's "write your own strategy", verbatim (tests/algorithms/test_user_strategy.py checks it).
+TRIMMED_MEAN = '''\
 import torch
 
 from p2pfl.models import load_part, part_state
@@ -81,6 +79,7 @@ from p2pfl.runtime.strategy import Fetch, Strategy
 
 
 class TrimmedMean(Strategy):
+    """Every node: the coordinate-wise mean of all models (its own included) without the `trim` largest and smallest."""
     shared_parts = ("full",)
 
     def __init__(self, trim: int = 1) -> None:
@@ -96,6 +95,12 @@ class TrimmedMean(Strategy):
             load_part(ctx.model, {k: v[self.trim:len(states) - self.trim].mean(0).to(states[0][k].dtype)
                                   for k, v in stacked.items()})
 '''
+
+STRATEGY = '''\
+"""How a node learns from its peers: the coordinate-wise mean of every model (its own included)
+without the `trim` largest and smallest values, robust to a peer that sends nonsense."""
+
+''' + TRIMMED_MEAN
 
 README = '''\
 # {name}

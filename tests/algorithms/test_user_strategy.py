@@ -1,5 +1,5 @@
 """`algorithm.name = "package.module:Class"`: a user's Strategy subclass, validated and run like a
-built-in. The module below is docs/algorithms.md's "write your own strategy" example, verbatim."""
+built-in. The module is docs/algorithms.md's "write your own strategy" example, verbatim, as `p2pfl new` writes it."""
 
 from __future__ import annotations
 
@@ -11,31 +11,8 @@ import pytest
 
 from p2pfl.algorithms import build_strategy, strategy_class
 from p2pfl.errors import ConfigError
+from p2pfl.project import TRIMMED_MEAN
 
-TRIMMED_MEAN = '''\
-import torch
-
-from p2pfl.models import load_part, part_state
-from p2pfl.runtime.strategy import Fetch, Strategy
-
-
-class TrimmedMean(Strategy):
-    """Every node: the coordinate-wise mean of all models (its own included) without the `trim` largest and smallest."""
-    shared_parts = ("full",)
-
-    def __init__(self, trim: int = 1) -> None:
-        self.trim = trim
-
-    def configure_fetch(self, ctx):
-        return [Fetch(peer, "full") for peer in ctx.peers]
-
-    def aggregate(self, ctx, arrived):
-        states = [part_state(ctx.model, "full")] + [m.tensors for m in arrived if m.part == "full"]
-        if len(states) > 2 * self.trim:
-            stacked = {k: torch.stack([s[k].float() for s in states]).sort(dim=0).values for k in states[0]}
-            load_part(ctx.model, {k: v[self.trim:len(states) - self.trim].mean(0).to(states[0][k].dtype)
-                                  for k, v in stacked.items()})
-'''
 
 
 @pytest.fixture
