@@ -14,7 +14,6 @@ from p2pfl.errors import ConfigError
 from p2pfl.project import TRIMMED_MEAN
 
 
-
 @pytest.fixture
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "my_strategies.py").write_text(TRIMMED_MEAN)
