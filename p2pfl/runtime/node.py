@@ -448,10 +448,11 @@ class Node:
         await self.endpoint.sit_out(r)
         clock.switch("evaluate")
         if self._scores is None:  # the model has not been scored since it last changed (round 1, a resume)
-            test_acc, test_loss, val_acc, _ = await asyncio.to_thread(self._scored)
+            test_acc, test_loss, val_acc, deployed = await asyncio.to_thread(self._scored)
             self._scores = (test_acc, test_loss, val_acc)
-        test_acc, test_loss, val_acc = self._scores
-        deployed = self._deploy(test_acc, test_loss)
+        else:
+            test_acc, test_loss, val_acc = self._scores
+            deployed = self._deploy(test_acc, test_loss)
         scores = self.safeguard.round_record(test_acc, test_acc, deployed, deployed)
         time_record = clock.stop()
         return {
