@@ -32,13 +32,18 @@ def _killed_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
-async def follow(proc: asyncio.subprocess.Process, nodes: list[str], tick: Callable[[], None]) -> dict[str, int]:
-    """Tick once per progress line of `proc`; then its exit status, which covers all of `nodes`."""
+async def exit_after_progress(proc: asyncio.subprocess.Process, tick: Callable[[], None]) -> int:
+    """Tick once per progress line `proc` prints (a round a node finished); then its exit status."""
     assert proc.stdout is not None
     async for line in proc.stdout:
         if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
             tick()
-    return dict.fromkeys(nodes, await proc.wait())
+    return await proc.wait()
+
+
+async def follow(proc: asyncio.subprocess.Process, nodes: list[str], tick: Callable[[], None]) -> dict[str, int]:
+    """The exit status of `proc`, which covers all of `nodes`, ticking on its progress lines."""
+    return dict.fromkeys(nodes, await exit_after_progress(proc, tick))
 
 
 class ProcessHosting:

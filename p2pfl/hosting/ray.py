@@ -37,7 +37,6 @@ from p2pfl.hosting import Hosts, Progress
 from p2pfl.hosting.ports import free_ports
 from p2pfl.runtime.peers import COORDINATOR_ID
 from p2pfl.runtime.run_folder import RunFolder
-from p2pfl.runtime.status import PROGRESS_PREFIX
 
 RESERVE_TIMEOUT_S = 120.0  # how long an actor may take to be placed and report its address
 
@@ -108,10 +107,13 @@ class NodeWorker:
                 continue
         return self.rounds_done, changed
 
+    def _round_done(self) -> None:
+        self.rounds_done += 1
+
     async def run(self, files: Mapping[str, bytes], node_ids: Sequence[str], resume: bool) -> dict[str, Any]:
         """Write `files` (paths relative to the run folder) into this worker's folder, run the
         nodes `node_ids` in a worker process, and return its exit status and every file they wrote."""
-        from p2pfl.hosting.process import spawn
+        from p2pfl.hosting.process import exit_after_progress, spawn
         from p2pfl.runtime.config import load_node_config
 
         for rel, data in files.items():
@@ -127,11 +129,7 @@ class NodeWorker:
             _relocate(load_node_config(path), self.folder).save(path)
         args = [sys.executable, "-m", "p2pfl", "worker", *map(str, paths)] + (["--resume"] if resume else [])
         proc = await spawn(args, folder.log(self.name), self.torch_threads, die_with_parent=True)
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
-                self.rounds_done += 1
-        code = await proc.wait()
+        code = await exit_after_progress(proc, self._round_done)
         # Scenario, configs and keys are never sent back; a resumed node's own state is, as it changed.
         given = {folder.scenario} | {p for nid in node_ids for p in (folder.key(nid), folder.node_config(nid))}
         written = {str(p.relative_to(self.folder)): p.read_bytes()
