@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out from each node's last complete round (same scenario)")
     run.add_argument("--dashboard", metavar="PORT", nargs="?", type=int, const=8050, default=None,
-                     help="serve a live view of the run on http://127.0.0.1:PORT/ (default port 8050)")
+                     help="serve a live view of the run on http://127.0.0.1:PORT/ (default port 8050); "
+                          "the page stays up after the run until Ctrl-C")
+    run.add_argument("--no-linger", action="store_true",
+                     help="with --dashboard: stop serving the page when the run ends")
     run.add_argument("--ray", metavar="auto|HOST:PORT", default=None,
                      help='run the nodes on a Ray cluster (runtime.placement = "ray"); start one with `ray start --head`')
     _add_set(run)
@@ -125,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each host (default 3)")
     check.add_argument("--no-probe", action="store_true", help="validate the file only")
 
-    dash = sub.add_parser("dashboard", help="serve a live view of a run folder, running or finished")
-    dash.add_argument("run", type=Path)
+    dash = sub.add_parser("dashboard", help="serve a live view of a run or compare folder, running or finished")
+    dash.add_argument("run", type=Path, help="a run folder, or a compare folder (its table and per-row curves)")
     dash.add_argument("--port", type=int, default=8050)
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
 
@@ -195,6 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_after_run(out: Path, port: int) -> None:
+    """The finished run's page stays up until Ctrl-C (or SIGTERM), which then ends only this
+    serving: the command still exits with the run's status."""
+    from p2pfl.report.dashboard import serve_dashboard
+
+    try:
+        serve_dashboard(out, port=port, after_run=True)
+    except KeyboardInterrupt:
+        print("dashboard stopped", file=sys.stderr)
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
@@ -289,12 +303,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             live_view = live_dashboard(args.dashboard)
         _, code = run_scenario(args.scenario, args.out, overrides, progress=not args.no_progress,
                                timeout_s=args.timeout, force=args.force, resume=args.resume, live_view=live_view)
+        if args.dashboard is not None and not args.no_linger:
+            _serve_after_run(args.out, args.dashboard)
         return code
     if args.command == "dashboard":
-        from p2pfl.report.dashboard import serve_dashboard
+        from p2pfl.report.dashboard import is_compare_folder, serve_dashboard
 
-        if not (args.run / "scenario.json").is_file():
-            raise ConfigError("run", f"{args.run} is not a run folder (no scenario.json)")
+        if not (args.run / "scenario.json").is_file() and not is_compare_folder(args.run):
+            raise ConfigError("run", f"{args.run} is neither a run folder (no scenario.json) nor a compare "
+                                     "folder (no compare.json, no <row>/seed<N>/scenario.json)")
         serve_dashboard(args.run, args.host, args.port)
         return 0
     if args.command == "node":

@@ -1,10 +1,12 @@
-"""A live view of a run folder in the browser: `p2pfl run ... --dashboard [PORT]` or
-`p2pfl dashboard RUN_DIR`.
+"""A live view of a run folder, or of a `compare` folder, in the browser: `p2pfl run ...
+--dashboard [PORT]` or `p2pfl dashboard FOLDER`.
 
-The page (`dashboard.html`, served from the package: no CDN, no internet) polls `/api/state`
-once a second. The state is read from the run folder as nodes write it: each round's record
-(`nodes/<id>.rounds.jsonl`), results as nodes end, strategies' artefacts (influence,
-relevance, affinity vectors). It binds 127.0.0.1 unless told otherwise.
+The page (`dashboard.html`) draws with Plotly, whose `plotly.min.js` is served from the plotly
+package itself (the `[dashboard]` extra): no CDN, nothing from the internet. It polls
+`/api/state` once a second; the state is read from the folder as nodes write it: each round's
+record (`nodes/<id>.rounds.jsonl`), results as nodes end, strategies' artefacts (influence,
+relevance, affinity vectors) and the last lines of each node's log. It binds 127.0.0.1 unless
+told otherwise.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import sys
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from pathlib import Path
@@ -23,12 +27,29 @@ from aiohttp import web
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import node_ids
-from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records
+from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
+from p2pfl.scenario.results import format_summary
 
 # Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
 # relevance and Shapley values (own node included), FedFomo's affinity and weights.
 HEATMAPS = ("lambda", "relevance", "shapley", "affinity", "fomo_weights")
+# Where a heatmap's colour scale is centred: 0 means "neither helps nor hurts" for an influence,
+# a relevance, a Shapley value and an affinity; FedFomo's weights are never negative (sequential).
+HEATMAP_CENTRE: dict[str, float | None] = {"lambda": 0.0, "relevance": 0.0, "shapley": 0.0, "affinity": 0.0,
+                                           "fomo_weights": None}
+LOG_LINES = 8  # a node's last log lines in the page's log pane
+_LOG_TAIL_BYTES = 16_384
+_RUNNING = ("running", "starting")
+INSTALL_HINT = "the dashboard draws with Plotly: pip install 'p2pfl-influence[dashboard]'"
+
+
+def plotly_bundle() -> bytes:
+    """plotly.min.js from the installed plotly wheel (offline), or a ConfigError naming the extra."""
+    try:
+        return resources.files("plotly").joinpath("package_data", "plotly.min.js").read_bytes()
+    except (ModuleNotFoundError, FileNotFoundError):
+        raise ConfigError("--dashboard", INSTALL_HINT) from None
 
 
 def _finite(value: Any) -> float | None:
@@ -38,12 +59,12 @@ def _finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _node_result(path: Path) -> dict[str, Any] | None:
+def _json_file(path: Path) -> dict[str, Any] | None:
     try:
-        result = json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):  # not there yet (written whole, so never half)
         return None
-    return result if isinstance(result, dict) else None
+    return doc if isinstance(doc, dict) else None
 
 
 def _phase_times(record: dict[str, Any]) -> dict[str, float]:
@@ -60,69 +81,230 @@ def _rounds(path: Path) -> list[dict[str, Any]]:
     return [by_round[r] for r in sorted(by_round)]
 
 
-def dashboard_state(run_dir: Path) -> dict[str, Any]:
-    """What the page shows, from the run folder as it is now."""
+def log_tail(path: Path, lines: int = LOG_LINES) -> list[str]:
+    """The last `lines` lines of a log (read from its end: logs of long runs are large)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - _LOG_TAIL_BYTES))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    tail = text.splitlines()
+    if size > _LOG_TAIL_BYTES:
+        tail = tail[1:]  # the first line read is cut
+    return [line for line in tail if line.strip()][-lines:]
+
+
+def estimate_eta(done: int, total: int, elapsed_s: float | None) -> float | None:
+    """Seconds left at the pace so far (node-rounds per second), or None before the first round."""
+    if done <= 0 or elapsed_s is None or elapsed_s <= 0:
+        return None
+    return max(0.0, (total - done) * elapsed_s / done)
+
+
+def _band(values: Iterable[float | None]) -> dict[str, float] | None:
+    """Mean, min and max of one round's values over nodes (None when no node has one)."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None
+    return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def round_bands(nodes: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Per round: mean over the nodes that recorded `key`, and the spread (min to max)."""
+    by_round: dict[int, list[float | None]] = {}
+    for node in nodes:
+        for record in node["rounds"]:
+            by_round.setdefault(record["round"], []).append(record.get(key))
+    bands = []
+    for r in sorted(by_round):
+        band = _band(by_round[r])
+        if band is not None:
+            bands.append({"round": r, **band})
+    return bands
+
+
+def _heatmaps(run_dir: Path, ids: list[str]) -> dict[str, Any]:
+    artefacts = load_artefacts(run_dir)
+    index = {nid: i for i, nid in enumerate(ids)}
+    heatmaps = {}
+    for name in HEATMAPS:
+        if name not in artefacts:
+            continue
+        matrix: list[list[float | None]] = [[None] * len(ids) for _ in ids]
+        latest_round = 0
+        for node, by_round in artefacts[name].items():
+            latest = by_round[max(by_round)] if by_round else None
+            if node in index and isinstance(latest, dict) and isinstance(latest.get("peers"), list) \
+                    and isinstance(latest.get("values"), list):
+                latest_round = max(latest_round, max(by_round))
+                for peer, value in zip(latest["peers"], latest["values"]):
+                    if isinstance(peer, str) and peer in index:
+                        matrix[index[node]][index[peer]] = _finite(value)
+        heatmaps[name] = {"ids": ids, "matrix": matrix, "centre": HEATMAP_CENTRE[name], "round": latest_round}
+    return heatmaps
+
+
+def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
+    """What the page shows of a run folder, as it is now."""
     folder = RunFolder(run_dir)
     if not folder.scenario.is_file():
         return {"ready": False}
     scenario = json.loads(folder.scenario.read_text())
     ids = node_ids(scenario["nodes"])
+    rounds_total = scenario["rounds"]
     nodes = []
     for nid in ids:
         rounds = _rounds(folder.node_rounds(nid))
-        result = _node_result(folder.node_result(nid))
+        result = _json_file(folder.node_result(nid))
         if not rounds and result:  # a node that kept no round log (a run from before it, or a Ray worker's)
             rounds = [r for r in result.get("rounds") or [] if isinstance(r, dict) and type(r.get("round")) is int]
+        status = str(result.get("status")) if result else ("running" if rounds else "starting")
+        error = result.get("error") if result else None
         nodes.append({
-            "id": nid,
-            "status": str(result.get("status")) if result else ("running" if rounds else "starting"),
-            "round": rounds[-1]["round"] if rounds else 0,
+            "id": nid, "status": status, "round": rounds[-1]["round"] if rounds else 0,
+            "error": str(error) if error else None,
+            "log": log_tail(folder.log(nid)),
             "rounds": [{
                 "round": r["round"], "test_acc": _finite(r.get("test_acc")),
                 "test_acc_aggregated": _finite(r.get("test_acc_aggregated")),
+                "train_loss": _finite(r.get("train_loss")), "test_loss": _finite(r.get("test_loss")),
                 "mib_received": (_finite(r.get("bytes_received")) or 0.0) / 2**20,
                 "epsilon": _finite(r.get("epsilon")),
+                "started_at": _finite(r.get("started_at")), "wall_s": _finite(r.get("wall_s")),
                 "time": _phase_times(r),
             } for r in rounds],
         })
-    artefacts = load_artefacts(run_dir)
-    heatmaps = {}
-    for name in HEATMAPS:
-        if name not in artefacts:
-            continue
-        index = {nid: i for i, nid in enumerate(ids)}
-        matrix: list[list[float | None]] = [[None] * len(ids) for _ in ids]
-        for node, by_round in artefacts[name].items():
-            latest = by_round[max(by_round)] if by_round else None
-            if node in index and isinstance(latest, dict) and isinstance(latest.get("peers"), list) \
-                    and isinstance(latest.get("values"), list):
-                for peer, value in zip(latest["peers"], latest["values"]):
-                    if isinstance(peer, str) and peer in index:
-                        matrix[index[node]][index[peer]] = _finite(value)
-        heatmaps[name] = {"ids": ids, "matrix": matrix}
-    return {"ready": True, "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
-            "rounds": scenario["rounds"], "nodes": nodes, "heatmaps": heatmaps, "phases": list(PHASES),
-            "done": folder.results.is_file()}
+    results = _json_file(folder.results)
+    done = results is not None
+    # A node that ended (isolated, failed, out of budget) has no rounds left to wait for.
+    node_rounds_done = sum(rounds_total if n["status"] not in _RUNNING else n["round"] for n in nodes)
+    node_rounds_total = len(nodes) * rounds_total
+    starts = [r["started_at"] for n in nodes for r in n["rounds"] if r["started_at"] is not None]
+    now = time.time() if now is None else now
+    elapsed = (now - min(starts)) if starts else None
+    wall = _finite(results.get("summary", {}).get("wall_s")) if done and isinstance(results.get("summary"), dict) \
+        else None
+    privacy = scenario.get("privacy") if isinstance(scenario.get("privacy"), dict) else {}
+    summary_lines: list[str] = []
+    if done:
+        try:  # what `p2pfl run` printed under its node table: the summary line and any warnings
+            printed = format_summary(results).splitlines()
+            summary_lines = printed[max(i for i, line in enumerate(printed) if set(line) == {"-"}) + 1:]
+        except (KeyError, TypeError, ValueError, AttributeError):  # a results.json of another version
+            summary_lines = []
+    return {
+        "ready": True, "kind": "run", "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
+        "rounds": rounds_total, "nodes": nodes, "phases": list(PHASES),
+        "heatmaps": _heatmaps(run_dir, ids),
+        "curves": {key: round_bands(nodes, key) for key in
+                   ("test_acc", "test_acc_aggregated", "train_loss", "test_loss", "mib_received", "epsilon")},
+        "progress": {"done": node_rounds_done, "total": node_rounds_total,
+                     "elapsed_s": wall if done else elapsed,
+                     "eta_s": 0.0 if done else estimate_eta(node_rounds_done, node_rounds_total, elapsed)},
+        "privacy": {"mode": str(privacy.get("mode", "none"))},
+        "summary_lines": summary_lines, "done": done,
+    }
 
 
-def dashboard_app(run_dir: Path) -> web.Application:
+def is_compare_folder(folder: Path) -> bool:
+    return (folder / "compare.json").is_file() or any(folder.glob("*/seed*/scenario.json"))
+
+
+def _compare_rows(folder: Path) -> dict[str, list[Path]]:
+    if (folder / "compare.json").is_file():
+        return compare_row_runs(folder)
+    # A compare still running writes compare.json at its end: its rows are the folders so far.
+    rows: dict[str, list[Path]] = {}
+    for scenario in sorted(folder.glob("*/seed*/scenario.json")):
+        rows.setdefault(scenario.parent.parent.name, []).append(scenario.parent)
+    return rows
+
+
+def _run_curve(run_dir: Path, key: str) -> dict[int, float]:
+    """Round -> mean over a run's nodes of `key`."""
+    folder = RunFolder(run_dir)
+    try:
+        ids = node_ids(json.loads(folder.scenario.read_text())["nodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    per_round: dict[int, list[float]] = {}
+    for nid in ids:
+        for record in _rounds(folder.node_rounds(nid)):
+            value = _finite(record.get(key))
+            if value is not None:
+                per_round.setdefault(record["round"], []).append(value)
+    return {r: statistics.fmean(v) for r, v in sorted(per_round.items())}
+
+
+def compare_state(folder: Path) -> dict[str, Any]:
+    """What the page shows of a compare folder: its table so far and each row's curves (the
+    mean over nodes, then the mean and spread over seeds)."""
+    rows = _compare_rows(folder)
+    if not rows:
+        return {"ready": False}
+    listing = _json_file(folder / "compare.json") or {}
+    table, curves = [], {}
+    for label, runs in rows.items():
+        summaries = [s for s in ((_json_file(RunFolder(run).results) or {}).get("summary") for run in runs)
+                     if isinstance(s, dict)]
+
+        def column(key: str, summaries: list[dict[str, Any]] = summaries) -> list[float]:
+            return [v for v in (_finite(s.get(key)) for s in summaries) if v is not None]
+
+        acc, agg = column("mean_acc"), column("mean_acc_aggregated")
+        table.append({
+            "row": label, "seeds_done": len(summaries), "seeds": len(runs),
+            "acc_mean": statistics.fmean(acc) if acc else None,
+            "acc_std": statistics.pstdev(acc) if len(acc) > 1 else (0.0 if acc else None),
+            "agg_mean": statistics.fmean(agg) if agg else None,
+            "mib_total": statistics.fmean(column("total_bytes")) / 2**20 if column("total_bytes") else None,
+            "wall_s": statistics.fmean(column("wall_s")) if column("wall_s") else None,
+        })
+        by_round: dict[int, list[float]] = {}
+        for run in runs:
+            for r, v in _run_curve(run, "test_acc").items():
+                by_round.setdefault(r, []).append(v)
+        curves[label] = [{"round": r, **band} for r in sorted(by_round)
+                         if (band := _band(by_round[r])) is not None]
+    done = bool(listing) and all(row["seeds_done"] == row["seeds"] for row in table)
+    return {"ready": True, "kind": "compare", "name": folder.name, "scenario": listing.get("scenario"),
+            "overrides": listing.get("overrides") or [], "table": table, "curves": curves, "done": done}
+
+
+def folder_state(folder: Path) -> dict[str, Any]:
+    """A run folder's state, or a compare folder's."""
+    if not RunFolder(folder).scenario.is_file() and is_compare_folder(folder):
+        return compare_state(folder)
+    return dashboard_state(folder)
+
+
+def dashboard_app(folder: Path) -> web.Application:
     page = resources.files("p2pfl.report").joinpath("dashboard.html").read_text()
+    bundle = plotly_bundle()
 
     async def index(_: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/html")
 
+    async def plotly(_: web.Request) -> web.Response:
+        return web.Response(body=bundle, content_type="application/javascript",
+                            headers={"Cache-Control": "max-age=86400"})
+
     async def state(_: web.Request) -> web.Response:
-        return web.json_response(await asyncio.to_thread(dashboard_state, run_dir))
+        return web.json_response(await asyncio.to_thread(folder_state, folder))
 
     app = web.Application()
     app.router.add_get("/", index)
+    app.router.add_get("/plotly.min.js", plotly)
     app.router.add_get("/api/state", state)
     return app
 
 
-async def start_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 8050) -> web.AppRunner:
-    """Serve the page for `run_dir` on this event loop; `await runner.cleanup()` stops it."""
-    runner = web.AppRunner(dashboard_app(run_dir), access_log=None)
+async def start_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050) -> web.AppRunner:
+    """Serve the page for `folder` on this event loop; `await runner.cleanup()` stops it."""
+    runner = web.AppRunner(dashboard_app(folder), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -135,7 +317,9 @@ async def start_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 80
 
 def live_dashboard(port: int, host: str = "127.0.0.1") -> Callable[[Path], AbstractAsyncContextManager[None]]:
     """The dashboard as a run's live view (`run_scenario(..., live_view=live_dashboard(8050))`):
-    served on `port` while the run goes on."""
+    served on `port` while the run goes on (`p2pfl run --dashboard` then serves it on until Ctrl-C)."""
+    plotly_bundle()  # a missing extra is said before the run starts, not after
+
     @asynccontextmanager
     async def serving(run_dir: Path) -> AsyncIterator[None]:
         runner = await start_dashboard(run_dir, host, port)
@@ -148,11 +332,12 @@ def live_dashboard(port: int, host: str = "127.0.0.1") -> Callable[[Path], Abstr
     return serving
 
 
-def serve_dashboard(run_dir: Path, host: str = "127.0.0.1", port: int = 8050) -> None:
-    """`p2pfl dashboard`: serve until Ctrl-C."""
+def serve_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050, *, after_run: bool = False) -> None:
+    """`p2pfl dashboard` (and `p2pfl run --dashboard` once its run ended): serve until Ctrl-C."""
     async def forever() -> None:
-        runner = await start_dashboard(run_dir, host, port)
-        print(f"dashboard of {run_dir}: http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
+        runner = await start_dashboard(folder, host, port)
+        what = "the finished run" if after_run else str(folder)
+        print(f"dashboard of {what}: http://{host}:{port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
         try:
             await asyncio.Event().wait()
         finally:

@@ -4,8 +4,11 @@ headless Chromium during a short run (skipped where no Chromium is installed).""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -13,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.report.dashboard import dashboard_state
+from p2pfl.errors import ConfigError
+from p2pfl.report.dashboard import dashboard_state, estimate_eta, folder_state, log_tail, round_bands
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.hosting.ports import free_ports
 
+# Screenshots of the pages, kept for a person to look at (CI keeps this folder).
+ARTEFACTS = Path(os.environ.get("P2PFL_TEST_ARTEFACTS", Path(__file__).resolve().parents[2] / "test-artefacts"))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
@@ -25,22 +31,117 @@ def test_state_follows_the_run_folder_as_nodes_write_it(tmp_path: Path) -> None:
     assert dashboard_state(tmp_path) == {"ready": False}
     folder.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 3, "algorithm": {"name": "pfedsv"}}))
     folder.append_round("node-0", {"round": 1, "test_acc": 0.5, "test_acc_aggregated": 0.6, "bytes_received": 2**20,
-                                   "epsilon": None, "time": {"train_s": 1.0}})
+                                   "epsilon": None, "time": {"train_s": 1.0}, "started_at": 100.0})
     folder.append_round("node-0", {"round": 1, "test_acc": 0.7, "test_acc_aggregated": 0.6, "bytes_received": 2**20,
-                                   "epsilon": "inf", "time": {}})  # a resumed node writes round 1 again
+                                   "epsilon": "inf", "time": {}, "started_at": 100.0})  # a resumed node writes round 1 again
     (tmp_path / "artefacts").mkdir()
     (tmp_path / "artefacts" / "node-1.jsonl").write_text("\n".join(json.dumps(e) for e in [
         {"node": "node-1", "round": 1, "name": "relevance", "value": {"peers": ["node-0"], "values": [0.1]}},
         {"node": "node-1", "round": 2, "name": "relevance", "value": {"peers": ["node-0"], "values": [0.9]}},
     ]) + "\n")
-    state = dashboard_state(tmp_path)
+    state = dashboard_state(tmp_path, now=110.0)
     node0, node1 = state["nodes"]
     assert (node0["status"], node0["round"], node1["status"]) == ("running", 1, "starting")
     assert [r["test_acc"] for r in node0["rounds"]] == [0.7] and node0["rounds"][0]["epsilon"] is None
     assert node0["rounds"][0]["mib_received"] == 1.0
-    assert state["heatmaps"]["relevance"]["matrix"] == [[None, None], [0.9, None]]  # node-1's latest round
-    folder.write_result("node-1", {"status": "isolated"})
-    assert dashboard_state(tmp_path)["nodes"][1]["status"] == "isolated"
+    relevance = state["heatmaps"]["relevance"]
+    assert relevance["matrix"] == [[None, None], [0.9, None]]  # node-1's latest round
+    assert (relevance["centre"], relevance["round"]) == (0.0, 2)  # a relevance's colours are centred at 0
+    # 1 of 6 node-rounds in 10 s: 5 more at that pace.
+    assert state["progress"] == {"done": 1, "total": 6, "elapsed_s": 10.0, "eta_s": 50.0}
+    assert state["privacy"] == {"mode": "none"} and not state["done"] and state["summary_lines"] == []
+    folder.write_result("node-1", {"status": "isolated", "error": "no peer answered"})
+    state = dashboard_state(tmp_path, now=110.0)
+    assert state["nodes"][1]["status"] == "isolated" and state["nodes"][1]["error"] == "no peer answered"
+    assert state["progress"]["done"] == 1 + 3  # an isolated node has no rounds left to wait for
+
+
+def test_curves_are_the_mean_and_spread_over_nodes_of_each_round() -> None:
+    nodes = [{"rounds": [{"round": 1, "test_acc": 0.2}, {"round": 2, "test_acc": 0.6}]},
+             {"rounds": [{"round": 1, "test_acc": 0.4}, {"round": 2, "test_acc": None}]},
+             {"rounds": [{"round": 1, "test_acc": 0.9}]}]
+    bands = round_bands(nodes, "test_acc")
+    assert [b["round"] for b in bands] == [1, 2]
+    assert bands[0]["mean"] == pytest.approx((0.2 + 0.4 + 0.9) / 3) and (bands[0]["min"], bands[0]["max"]) == (0.2, 0.9)
+    assert bands[1] == {"round": 2, "mean": 0.6, "min": 0.6, "max": 0.6, "n": 1}  # a missing value is no zero
+    assert round_bands(nodes, "test_loss") == []
+    assert estimate_eta(0, 10, 5.0) is None and estimate_eta(5, 10, None) is None
+    assert estimate_eta(4, 10, 8.0) == pytest.approx(12.0) and estimate_eta(10, 10, 8.0) == 0.0
+
+
+def test_the_log_pane_reads_the_last_whole_lines_of_a_long_log(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    log.write_text("".join(f"line {i:05d}\n" for i in range(5000)) + "\n")  # 55 kB: read from its end
+    assert log_tail(log, 3) == ["line 04997", "line 04998", "line 04999"]
+    assert log_tail(tmp_path / "absent.log") == []
+    short = tmp_path / "short.log"
+    short.write_text("first\nsecond\n")
+    assert log_tail(short) == ["first", "second"]  # a log shorter than the tail read keeps its first line
+
+
+def test_a_finished_run_shows_its_summary_line_its_errors_and_that_privacy_was_off(tmp_path: Path) -> None:
+    from p2pfl.scenario.launcher import run_scenario
+    from tests.runtime.helpers import write_tiny
+
+    results, code = run_scenario(write_tiny(tmp_path, nodes=2, rounds=2, samples=40), tmp_path / "run",
+                                 progress=False, quiet=True)
+    assert code == 0
+    state = dashboard_state(tmp_path / "run")
+    assert state["done"] and state["progress"]["eta_s"] == 0.0
+    assert state["progress"]["elapsed_s"] == pytest.approx(results["summary"]["wall_s"])
+    assert state["summary_lines"][0].startswith("fedavg: mean acc ")  # as `p2pfl run` printed it
+    assert state["privacy"] == {"mode": "none"}
+    assert [len(state["curves"][k]) for k in ("test_acc", "train_loss", "test_loss")] == [2, 2, 2]
+    assert all(n["log"] and "final accuracy" in n["log"][-1] for n in state["nodes"])
+
+
+def _write_compare(folder: Path, rows: dict[str, list[list[float]]], done: bool) -> None:
+    """A compare folder by hand: per row, per seed, each node's test accuracy per round."""
+    for label, seeds in rows.items():
+        for seed, per_node in enumerate(seeds):
+            run = RunFolder(folder / label / f"seed{seed}")
+            run.root.mkdir(parents=True)
+            run.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 2, "algorithm": {"name": label}}))
+            for i, acc in enumerate(per_node):
+                run.append_round(f"node-{i}", {"round": 1, "test_acc": acc / 2})
+                run.append_round(f"node-{i}", {"round": 2, "test_acc": acc})
+            if done:
+                run.results.write_text(json.dumps({"summary": {"mean_acc": sum(per_node) / len(per_node),
+                                                               "mean_acc_aggregated": 0.5, "total_bytes": 2**21,
+                                                               "wall_s": 3.0}}))
+    if done:
+        (folder / "compare.json").write_text(json.dumps({"scenario": "s.toml", "seeds": [0, 1], "overrides": [],
+                                                         "rows": {label: [] for label in rows}}))
+
+
+def test_a_compare_folder_shows_its_table_and_per_row_curves_while_it_runs_and_after(tmp_path: Path) -> None:
+    rows = {"fedavg": [[0.6, 0.8], [0.5, 0.5]], "pfedsv": [[0.9, 0.9], [0.7, 0.9]]}
+    _write_compare(tmp_path / "running", rows, done=False)
+    running = folder_state(tmp_path / "running")  # no compare.json yet: the rows are the folders so far
+    assert running["kind"] == "compare" and not running["done"]
+    assert [(r["row"], r["seeds_done"], r["acc_mean"]) for r in running["table"]] == [("fedavg", 0, None),
+                                                                                       ("pfedsv", 0, None)]
+    _write_compare(tmp_path / "done", rows, done=True)
+    state = folder_state(tmp_path / "done")
+    assert state["done"] and [r["row"] for r in state["table"]] == ["fedavg", "pfedsv"]
+    fedavg = state["table"][0]
+    assert fedavg["acc_mean"] == pytest.approx((0.7 + 0.5) / 2) and fedavg["acc_std"] == pytest.approx(0.1)
+    assert (fedavg["seeds_done"], fedavg["mib_total"]) == (2, 2.0)
+    # Round 2 of pfedsv: the mean over nodes is 0.9 in seed 0 and 0.8 in seed 1.
+    last = state["curves"]["pfedsv"][-1]
+    assert last["round"] == 2 and last["mean"] == pytest.approx(0.85)
+    assert (last["min"], last["max"], last["n"]) == (pytest.approx(0.8), pytest.approx(0.9), 2)
+
+
+def test_without_plotly_the_dashboard_names_the_extra_before_any_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import p2pfl.report.dashboard as dashboard
+
+    def no_plotly(package: str) -> None:
+        raise ModuleNotFoundError(f"No module named {package!r}")
+
+    monkeypatch.setattr(dashboard.resources, "files", no_plotly)
+    with pytest.raises(ConfigError, match=r"p2pfl-influence\[dashboard\]"):
+        dashboard.live_dashboard(8050)
 
 
 def _state(port: int) -> dict:
@@ -76,6 +177,39 @@ class _StandaloneDashboard:
         self._thread.join(timeout=30)
 
 
+def _browse(url: str, shot: Path) -> tuple[str, list[str]]:
+    """The page's DOM after its scripts ran, and what it wrote to the browser console (a
+    Plotly error, an uncaught exception, a resource that failed to load); a screenshot to `shot`."""
+    browse = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=4000",
+              "--window-size=1400,2400"]
+    done = subprocess.run([*browse, "--enable-logging=stderr", "--v=0", "--dump-dom", url], capture_output=True,
+                          text=True, timeout=90)
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    subprocess.run([*browse, f"--screenshot={shot}", url], capture_output=True, timeout=90)
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    assert shot.is_file() and shot.stat().st_size > 20_000, f"no screenshot of {url}"
+    keep = ARTEFACTS / "dashboard"
+    keep.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, keep / shot.name)  # for a person to look at: CI keeps test-artefacts/
+    return done.stdout, console
+
+
+def _mid_run_copy(run: Path, to: Path, last_round: int) -> Path:
+    """The finished run's folder as it was when its nodes had ended `last_round`: a page taken
+    from it shows a run going on, whatever the speed of the machine that runs the test."""
+    shutil.copytree(run, to)
+    RunFolder(to).results.unlink()
+    for rounds in (to / "nodes").glob("*.rounds.jsonl"):
+        kept = [line for line in rounds.read_text().splitlines() if json.loads(line)["round"] <= last_round]
+        rounds.write_text("".join(line + "\n" for line in kept))
+    for result in (to / "nodes").glob("*.result.json"):
+        result.unlink()
+    for artefacts in (to / "artefacts").glob("*.jsonl"):
+        kept = [line for line in artefacts.read_text().splitlines() if json.loads(line)["round"] <= last_round]
+        artefacts.write_text("".join(line + "\n" for line in kept))
+    return to
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (Debian package `chromium`)")
 def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -> None:
@@ -84,7 +218,7 @@ def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -
     from tests.runtime.helpers import write_tiny
 
     port, page_port = free_ports(2, "127.0.0.1")
-    scenario = write_tiny(tmp_path, nodes=3, rounds=8, samples=80)
+    scenario = write_tiny(tmp_path, nodes=3, rounds=8, samples=80, algorithm="pfedsv")
     outcome: dict = {}
     runner = threading.Thread(target=lambda: outcome.update(code=run_scenario(
         scenario, tmp_path / "run", progress=False, quiet=True, live_view=live_dashboard(port))[1]))
@@ -100,25 +234,58 @@ def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -
             pass
         time.sleep(0.2)
     assert state.get("ready") and not state["done"], "the launcher's dashboard never showed a running round"
-    # Chromium takes seconds to start, and a tiny run may end meanwhile, closing the launcher's
-    # dashboard: the browser loads the same page from a server that outlives the run.
-    page = _StandaloneDashboard(tmp_path / "run", page_port)
-    try:
-        browse = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
-                  "--window-size=1300,1000"]
-        dom = subprocess.run([*browse, "--dump-dom", f"http://127.0.0.1:{page_port}/"], capture_output=True,
-                             text=True, timeout=90).stdout
-        shot = tmp_path / "dashboard.png"
-        subprocess.run([*browse, f"--screenshot={shot}", f"http://127.0.0.1:{page_port}/"], capture_output=True,
-                       timeout=90)
-    finally:
-        page.close()
     runner.join(timeout=180)
     assert outcome.get("code") == 0
+    during = _mid_run_copy(tmp_path / "run", tmp_path / "during", last_round=4)
+    compare = tmp_path / "compare"
+    _write_compare(compare, {"fedavg": [[0.6, 0.8], [0.5, 0.5]], "pfedsv": [[0.9, 0.9], [0.7, 0.9]]}, done=True)
+    pages = {}
+    for name, folder in (("after", tmp_path / "run"), ("during", during), ("compare", compare)):
+        # Chromium takes seconds to start: each page is served by `p2pfl dashboard`'s server.
+        page = _StandaloneDashboard(folder, page_port)
+        try:
+            pages[name] = _browse(f"http://127.0.0.1:{page_port}/", tmp_path / f"dashboard_{name}.png")
+        finally:
+            page.close()
+    for name, (dom, console) in pages.items():
+        assert console == [], f"the {name} page wrote to the browser console: {console}"
+    after, during_dom, compare_dom = (pages[k][0] for k in ("after", "during", "compare"))
     for nid in ("node-0", "node-1", "node-2"):
-        assert f'id="row-{nid}"' in dom  # the script ran and filled the node table
-    assert "node-rounds done" in dom and "<polyline" in dom  # summary line and drawn curves
-    assert shot.is_file() and shot.stat().st_size > 10_000
+        assert f'id="row-{nid}"' in after  # the script ran and filled the node table
+    assert "24 of 24 node-rounds done" in after and "serving until Ctrl-C" in after
+    assert "pfedsv: mean acc" in after  # the final summary line
+    assert after.count('class="main-svg"') >= 2 * 7  # Plotly drew every chart (each has two main-svg layers)
+    assert "privacy off" in after and "relevance" in after  # no ε panel for a run without privacy; a heatmap
+    assert "12 of 24 node-rounds done" in during_dom and " left" in during_dom  # a pace and an ETA
+    assert "relevance, round 4" in during_dom
+    assert "compare: compare" in compare_dom and "<td>pfedsv</td>" in compare_dom and 'class="main-svg"' in compare_dom
+
+
+@pytest.mark.slow
+def test_run_with_a_dashboard_keeps_serving_the_finished_run_until_ctrl_c(tmp_path: Path) -> None:
+    from tests.runtime.helpers import write_tiny
+
+    (port,) = free_ports(1, "127.0.0.1")
+    scenario = write_tiny(tmp_path, nodes=2, rounds=2, samples=40)
+    proc = subprocess.Popen([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(tmp_path / "run"),
+                             "--no-progress", "--dashboard", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        state: dict = {}
+        while time.monotonic() < deadline and not state.get("done"):
+            try:
+                state = _state(port)
+            except OSError:  # not up yet, or between the run's server and the one after it
+                time.sleep(0.3)
+        assert state.get("done"), "the run never finished"
+        time.sleep(2.0)
+        assert proc.poll() is None and _state(port)["done"]  # the run ended; the page is still there
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err  # Ctrl-C ended the serving, not the run: its status is kept
+    assert "(Ctrl-C stops it)" in err and "dashboard stopped" in err
 
 
 def test_finding_9_a_node_killed_mid_write_takes_neither_the_dashboard_nor_the_report_down(tmp_path: Path) -> None:
