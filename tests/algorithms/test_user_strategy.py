@@ -72,3 +72,66 @@ def test_the_example_aggregates_a_coordinate_wise_trimmed_mean(user_module: Path
 def test_the_docs_show_this_example_verbatim() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "algorithms.md").read_text()
     assert "```python\n" + TRIMMED_MEAN + "```" in docs
+
+
+UNIFORM_GLOBAL = '''
+import numpy as np
+
+from p2pfl.algorithms.di import GlobalModelStrategy
+from p2pfl.algorithms.global_model import GlobalModelHalf
+
+
+class PowerHalf(GlobalModelHalf):
+    """Weights ∝ n_train ** power: 1 is FedAvg, 0 the plain mean whatever the nodes' data sizes."""
+
+    name = "power_global"
+
+    def __init__(self, env, power: float = 0.0) -> None:
+        super().__init__(env)
+        self.power = power
+
+    def weights(self, round_, submissions):
+        w = np.array([float(s.meta["n_train"]) for s in submissions]) ** self.power
+        return w / w.sum(), {"power": self.power}
+
+
+class PowerGlobal(GlobalModelStrategy):
+    coordinator = PowerHalf
+'''
+
+
+def test_a_user_strategy_brings_its_own_coordinator_half(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optional half of item 1: a user's CoordinatorHalf, named by its Strategy, runs on the
+    coordinator with its parameters validated like a built-in's."""
+    from p2pfl.scenario.launcher import run_scenario
+    from tests.runtime.helpers import write_tiny
+
+    (tmp_path / "my_global.py").write_text(UNIFORM_GLOBAL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    try:
+        with pytest.raises(ConfigError, match="pwer"):
+            run_scenario(write_tiny(tmp_path, algorithm="my_global:PowerGlobal",
+                                    extra="[algorithm.params]\npwer = 0.5\n"), tmp_path / "bad", progress=False,
+                         quiet=True)
+        assert not (tmp_path / "bad").exists()  # refused before any process started
+        path = write_tiny(tmp_path, nodes=3, rounds=2, samples=40, algorithm="my_global:PowerGlobal",
+                          extra="[algorithm.params]\npower = 0.0\n")
+        results, code = run_scenario(path, tmp_path / "run", progress=False, quiet=True)
+        from types import SimpleNamespace
+
+        from my_global import PowerHalf
+
+        sizes = [SimpleNamespace(meta={"n_train": 10}), SimpleNamespace(meta={"n_train": 30})]
+        assert list(PowerHalf(None, power=1.0).weights(1, sizes)[0]) == pytest.approx([0.25, 0.75])
+        assert list(PowerHalf(None, power=0.0).weights(1, sizes)[0]) == pytest.approx([0.5, 0.5])
+    finally:
+        sys.modules.pop("my_global", None)
+    assert code == 0, results["summary"]
+    rounds = results["coordinator"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    for record in rounds:
+        assert record["info"]["rule"] == "power_global" and record["info"]["power"] == 0.0
+        assert record["weights"] == pytest.approx({"node-0": 1 / 3, "node-1": 1 / 3, "node-2": 1 / 3})
+    docs = (Path(__file__).parents[2] / "docs" / "algorithms.md").read_text()
+    assert "```python\n" + UNIFORM_GLOBAL.lstrip("\n") + "```" in docs
