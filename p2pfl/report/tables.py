@@ -294,3 +294,46 @@ def poisoning_table(folders: Sequence[Path]) -> str:
             mean_std([s[1] for s in stops], 100, 0) + " %", str(len(runs)),
         ])
     return _markdown(head, rows)
+
+
+def _honest_by_seed(folder: Path, attackers: set[int]) -> dict[str, dict[int, float]]:
+    """Row label -> seed -> honest nodes' mean final accuracy, over a compare folder's runs."""
+    out: dict[str, dict[int, float]] = {}
+    for label, runs in _row_runs(folder).items():
+        for results in runs:
+            acc = _honest_acc(results, attackers)
+            if acc is not None:
+                out.setdefault(label, {})[int(results["scenario"]["seed"])] = acc
+    return out
+
+
+def poisoning_grid_table(clean: Mapping[float, Path], attacked: Mapping[str, Mapping[float, Path]]) -> str:
+    """Each attack × each row, with the norm bound (factor c > 0) and without it (c = 0).
+
+    `clean`: bound factor -> the attack-free compare folder; `attacked`: attack name -> bound
+    factor -> its compare folder (same rows and seeds). Honest nodes' accuracy, mean (std) over
+    seeds, and per attack the paired difference over seeds of the bounded, attacked run from the
+    clean run as each method is printed (c = 0), with its 95 % t interval."""
+    from p2pfl.core.paired import paired_difference
+
+    any_folder = next(iter(next(iter(attacked.values())).values()))
+    spec = next((_attack_of(r) for runs in _row_runs(any_folder).values() for r in runs), None)
+    if spec is None:
+        raise ValueError(f"{any_folder} holds no run with an [attack]")
+    attackers = set(spec["nodes"])
+    bound = max(c for c in clean if c > 0)
+    base = _honest_by_seed(clean[0.0], attackers)
+    clean_bounded = _honest_by_seed(clean[bound], attackers)
+    head = ["attack", "row", "clean, c = 0", f"clean, c = {bound:g}", "attacked, c = 0", f"attacked, c = {bound:g}",
+            f"attacked c = {bound:g} − clean c = 0 (pts, 95 % interval)", "seeds"]
+    rows = []
+    for attack, by_bound in attacked.items():
+        without, with_bound = _honest_by_seed(by_bound[0.0], attackers), _honest_by_seed(by_bound[bound], attackers)
+        for label in base:
+            diff = paired_difference(with_bound.get(label, {}), base[label], min_seeds=len(base[label]))
+            rows.append([attack, label, mean_std(base[label].values(), 100, 1),
+                         mean_std(clean_bounded.get(label, {}).values(), 100, 1),
+                         mean_std(without.get(label, {}).values(), 100, 1),
+                         mean_std(with_bound.get(label, {}).values(), 100, 1),
+                         diff.cell(), str(len(diff.seeds))])
+    return _markdown(head, rows)

@@ -249,3 +249,40 @@ def test_safeguard_levels_are_the_mean_and_worst_gap_of_the_nodes_redecided_per_
     table = safeguard_level_table(out)
     assert "| pfedsv[g] | 0.05 | 77.5 (2.5) | 76.2 (6.2) | 0.0 (0.0) | -5.0 (5.0) | 1 / 4, 2 / 4 |" in table
     assert safeguard_level_table(safeguard_levels({"local": runs["local"]})) is None
+
+
+def _poison_compare(folder: Path, accs: dict[str, list[list[float]]], attack: str) -> Path:
+    """A compare folder by hand: per row, per seed, each node's final accuracy (node 0 attacks)."""
+    import json as _json
+
+    from p2pfl.runtime.run_folder import RunFolder, compare_run
+
+    seeds = range(len(next(iter(accs.values()))))
+    for label, per_seed in accs.items():
+        for seed, nodes in zip(seeds, per_seed):
+            run = RunFolder(compare_run(folder, label, seed))
+            run.root.mkdir(parents=True)
+            run.results.write_text(_json.dumps({
+                "scenario": {"seed": seed, "attack": {"kind": attack, "nodes": [0], "scale": 1.0}},
+                "nodes": [{"id": f"node-{i}", "final_test_acc": a, "rounds": []} for i, a in enumerate(nodes)]}))
+    (folder / "compare.json").write_text(_json.dumps({"seeds": list(seeds), "rows": {label: [] for label in accs}}))
+    return folder
+
+
+def test_the_poisoning_grid_pairs_each_attacked_run_with_its_clean_seed(tmp_path: Path) -> None:
+    from p2pfl.report.tables import poisoning_grid_table
+
+    # Node 0 attacks: its accuracy (0.0) never counts. Honest mean per seed is the mean of nodes 1-2.
+    clean0 = _poison_compare(tmp_path / "clean_b0", {"fedavg": [[0.0, 0.9, 0.7], [0.0, 0.8, 0.8], [0.0, 0.6, 0.8]]},
+                             "none")
+    clean1 = _poison_compare(tmp_path / "clean_b1", {"fedavg": [[0.0, 0.8, 0.8], [0.0, 0.8, 0.8], [0.0, 0.7, 0.7]]},
+                             "none")
+    hit0 = _poison_compare(tmp_path / "noise_b0", {"fedavg": [[0.0, 0.1, 0.1]] * 3}, "noise")
+    hit1 = _poison_compare(tmp_path / "noise_b1", {"fedavg": [[0.0, 0.8, 0.6], [0.0, 0.7, 0.7], [0.0, 0.7, 0.5]]},
+                           "noise")
+    table = poisoning_grid_table({0.0: clean0, 1.0: clean1}, {"noise": {0.0: hit0, 1.0: hit1}})
+    row = next(line for line in table.splitlines() if line.startswith("| noise | fedavg"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "76.7 (4.7)" and cells[4] == "10.0 (0.0)" and cells[5] == "66.7 (4.7)"
+    # Paired by seed: (0.7 - 0.8), (0.7 - 0.8), (0.6 - 0.7) = -0.1 each: an interval of width 0.
+    assert cells[6].startswith("-10.0") and cells[7] == "3"
