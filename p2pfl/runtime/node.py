@@ -133,6 +133,7 @@ class Node:
         self.refused: dict[str, str] = {}  # peer -> why its part was refused this round
         self._own_norms: dict[str, float] = {}  # part -> its norm this round, what a peer's is bounded by
         self.bounded: dict[str, str] = {}  # peer -> how its part was pulled back this round (update_bound)
+        self.bounded_factor: dict[str, float] = {}  # peer -> how many times over the bound its part lay
         self._own_updates: dict[str, float] = {}  # part -> how far this round's training moved it
         self.restarts: list[dict[str, Any]] = []  # each --resume of this node: after which round, when
         self.checkpoint_path = self.folder.checkpoint(config.id)
@@ -199,6 +200,7 @@ class Node:
         tensors, distance, bound = clipped
         self.bounded[sender] = (f"{part} moved {distance:.3g} from this node's round start, over "
                                 f"{self.settings.update_bound:g} x its own update ({bound:.3g}); pulled back to it")
+        self.bounded_factor[sender] = max(self.bounded_factor.get(sender, 0.0), round(distance / bound, 3))
         return tensors
 
     def _refuse(self, sender: str, exc: ClaimRefused) -> None:
@@ -335,7 +337,7 @@ class Node:
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
         fetches, versions, sat_out = self._asked_of_neighbours(strategy.configure_fetch(ctx), r)
-        self.refused, self.bounded, self._own_norms, self._own_updates = {}, {}, {}, {}
+        self.refused, self.bounded, self.bounded_factor, self._own_norms, self._own_updates = {}, {}, {}, {}, {}
         arrived = await self.gather(fetches, r, versions=versions)
         unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived} - set(self.refused))
         clock.switch("aggregate")
@@ -387,6 +389,7 @@ class Node:
             record["sat_out"] = sat_out
         if self.bounded:  # parts pulled back within runtime.update_bound of this node's own update
             record["peers_bounded"] = dict(self.bounded)
+            record["peers_bounded_factor"] = dict(self.bounded_factor)
         if refused is not None:
             record["aggregate_refused"] = refused
         record.update(safeguard_record)

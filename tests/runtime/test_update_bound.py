@@ -12,7 +12,7 @@ import torch
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
 from p2pfl.runtime.peer_claims import bound_update, part_norm, update_norm
-from p2pfl.scenario.results import bounded_warning, refused_peers
+from p2pfl.scenario.results import bounded_warning, far_bounded_peers, refused_peers
 from p2pfl.scenario.schema import RuntimeSpec
 from p2pfl.wire import NodeKey, Roster, open_message
 
@@ -102,8 +102,9 @@ def test_finding_12_a_sign_flipping_peer_x1000_is_bounded_and_named(tmp_path: Pa
         assert r["status"] == "ok"
         assert all("node-0" in (rec.get("peers_bounded") or {}) for rec in r["rounds"])
     assert not any(rec.get("peers_bounded") for r in open_results for rec in r["rounds"])
-    warning = bounded_warning(refused_peers(bounded_results, "peers_bounded"), 6)
-    assert warning is not None and "node-0 (4 of 6 node-rounds)" in warning and "update_bound" in warning
+    warning = bounded_warning(refused_peers(bounded_results, "peers_bounded"), 6, far_bounded_peers(bounded_results))
+    assert warning is not None and warning.startswith("warning: parts at least 10 times over runtime.update_bound")
+    assert "node-0 (4 of 6 node-rounds)" in warning.splitlines()[0]  # the attacker is named in the warning
     # Unbounded, the reversed update x1000 weighs a third of each honest average: the models grow
     # by orders of magnitude; bounded, they stay the size of a trained model.
     assert max(bounded_norms) * 10 < min(open_norms)
@@ -128,3 +129,18 @@ def test_update_bound_0_survives_the_run_folder_and_old_runs_count_as_unbounded(
     assert load_scenario(tmp_path / "older.json").runtime.update_bound == 0
     assert scenario_differences(older, scenario) == []
     assert scenario_differences(older, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1))) == ["runtime.update_bound"]
+
+
+def test_honest_peers_pulled_back_a_little_get_a_note_not_a_warning() -> None:
+    """The quickstart (honest FedAvg, Dirichlet 1.0) once ended on "warning: ... a poisoning peer":
+    honest parts lie up to a few times over the bound; only a part far over it is warned about."""
+    rounds = [{"peers_bounded": {"node-1": "...", "node-2": "..."}, "peers_bounded_factor": {"node-1": 1.3, "node-2": 1500.0}},
+              {"peers_bounded": {"node-1": "..."}, "peers_bounded_factor": {"node-1": 9.99}},
+              {"peers_bounded": {"node-3": "..."}}]  # a record from before the factor was kept
+    nodes = [{"rounds": rounds}]
+    assert far_bounded_peers(nodes) == {"node-2": 1}
+    lines = bounded_warning(refused_peers(nodes, "peers_bounded"), 3, far_bounded_peers(nodes)).splitlines()
+    assert lines[0].startswith("warning: ") and "node-2 (1 of 3 node-rounds)" in lines[0] and "node-1" not in lines[0]
+    assert lines[1].startswith("note: ") and "node-1 (2 of 3 node-rounds), node-3 (1 of 3 node-rounds)" in lines[1]
+    honest = bounded_warning({"node-1": 2}, 3, {})
+    assert honest is not None and honest.startswith("note: ") and "warning" not in honest
