@@ -39,6 +39,12 @@ HEATMAPS = ("lambda", "relevance", "shapley", "affinity", "fomo_weights")
 HEATMAP_CENTRE: dict[str, float | None] = {"lambda": 0.0, "relevance": 0.0, "shapley": 0.0, "affinity": 0.0,
                                            "fomo_weights": None}
 LOG_LINES = 8  # a node's last log lines in the page's log pane
+# Past this many nodes the state leaves out each node's round list (the page's per-node lines stop
+# there too: the band shows the spread) and the log pane lists the nodes that ended badly and the
+# first LOG_NODES others: a 1000-node run's state stays a few hundred kB a second.
+PER_NODE_MAX = 200
+LOG_NODES = 50
+STATE_REUSE = 4.0  # a state is served again until it is this many times its reading time old
 _LOG_TAIL_BYTES = 16_384
 _RUNNING = ("running", "starting")
 INSTALL_HINT = "the dashboard draws with Plotly: pip install 'p2pfl-influence[dashboard]'"
@@ -116,7 +122,7 @@ def round_bands(nodes: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """Per round: mean over the nodes that recorded `key`, and the spread (min to max)."""
     by_round: dict[int, list[float | None]] = {}
     for node in nodes:
-        for record in node["rounds"]:
+        for record in node["records"]:
             by_round.setdefault(record["round"], []).append(record.get(key))
     bands = []
     for r in sorted(by_round):
@@ -124,6 +130,16 @@ def round_bands(nodes: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
         if band is not None:
             bands.append({"round": r, **band})
     return bands
+
+
+def _round_time(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per round, each phase's mean seconds over the nodes that ended it."""
+    by_round: dict[int, list[dict[str, float]]] = {}
+    for node in nodes:
+        for record in node["records"]:
+            by_round.setdefault(record["round"], []).append(record["time"])
+    return [{"round": r, **{p: statistics.fmean(t[p] for t in times) for p in PHASES}}
+            for r, times in sorted(by_round.items())]
 
 
 def _heatmaps(run_dir: Path, ids: list[str]) -> dict[str, Any]:
@@ -156,6 +172,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     ids = node_ids(scenario["nodes"])
     rounds_total = scenario["rounds"]
     nodes = []
+    per_node = len(ids) <= PER_NODE_MAX
     for nid in ids:
         rounds = _rounds(folder.node_rounds(nid))
         result = _json_file(folder.node_result(nid))
@@ -163,26 +180,29 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             rounds = [r for r in result.get("rounds") or [] if isinstance(r, dict) and type(r.get("round")) is int]
         status = str(result.get("status")) if result else ("running" if rounds else "starting")
         error = result.get("error") if result else None
+        records = [{
+            "round": r["round"], "test_acc": _finite(r.get("test_acc")),
+            "test_acc_aggregated": _finite(r.get("test_acc_aggregated")),
+            "train_loss": _finite(r.get("train_loss")), "test_loss": _finite(r.get("test_loss")),
+            "mib_received": (_finite(r.get("bytes_received")) or 0.0) / 2**20,
+            "epsilon": _finite(r.get("epsilon")),
+            "started_at": _finite(r.get("started_at")), "time": _phase_times(r),
+        } for r in rounds]
         nodes.append({
             "id": nid, "status": status, "round": rounds[-1]["round"] if rounds else 0,
-            "error": str(error) if error else None,
-            "log": log_tail(folder.log(nid)),
-            "rounds": [{
-                "round": r["round"], "test_acc": _finite(r.get("test_acc")),
-                "test_acc_aggregated": _finite(r.get("test_acc_aggregated")),
-                "train_loss": _finite(r.get("train_loss")), "test_loss": _finite(r.get("test_loss")),
-                "mib_received": (_finite(r.get("bytes_received")) or 0.0) / 2**20,
-                "epsilon": _finite(r.get("epsilon")),
-                "started_at": _finite(r.get("started_at")), "wall_s": _finite(r.get("wall_s")),
-                "time": _phase_times(r),
-            } for r in rounds],
+            "error": str(error) if error else None, "last": records[-1] if records else None,
+            "mib_received": sum(r["mib_received"] for r in records), "records": records,
         })
+    ended_badly = [n for n in nodes if n["error"] or n["status"] in ("failed", "isolated", "stopped")]
+    shown = ended_badly + [n for n in nodes if n not in ended_badly][:max(0, LOG_NODES - len(ended_badly))]
+    for node in shown:
+        node["log"] = log_tail(folder.log(node["id"]))
     results = _json_file(folder.results)
     done = results is not None
     # A node that ended (isolated, failed, out of budget) has no rounds left to wait for.
     node_rounds_done = sum(rounds_total if n["status"] not in _RUNNING else n["round"] for n in nodes)
     node_rounds_total = len(nodes) * rounds_total
-    starts = [r["started_at"] for n in nodes for r in n["rounds"] if r["started_at"] is not None]
+    starts = [r["started_at"] for n in nodes for r in n["records"] if r["started_at"] is not None]
     now = time.time() if now is None else now
     elapsed = (now - min(starts)) if starts else None
     wall = _finite(results.get("summary", {}).get("wall_s")) if done and isinstance(results.get("summary"), dict) \
@@ -195,12 +215,17 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             summary_lines = printed[max(i for i, line in enumerate(printed) if set(line) == {"-"}) + 1:]
         except (KeyError, TypeError, ValueError, AttributeError):  # a results.json of another version
             summary_lines = []
+    curves = {key: round_bands(nodes, key) for key in
+              ("test_acc", "test_acc_aggregated", "train_loss", "test_loss", "mib_received", "epsilon")}
+    round_time = _round_time(nodes)
+    for node in nodes:
+        records = node.pop("records")
+        if per_node:
+            node["rounds"] = [{k: v for k, v in r.items() if k not in ("time", "started_at")} for r in records]
     return {
         "ready": True, "kind": "run", "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
-        "rounds": rounds_total, "nodes": nodes, "phases": list(PHASES),
-        "heatmaps": _heatmaps(run_dir, ids),
-        "curves": {key: round_bands(nodes, key) for key in
-                   ("test_acc", "test_acc_aggregated", "train_loss", "test_loss", "mib_received", "epsilon")},
+        "rounds": rounds_total, "nodes": nodes, "phases": list(PHASES), "per_node": per_node,
+        "heatmaps": _heatmaps(run_dir, ids), "curves": curves, "round_time": round_time,
         "progress": {"done": node_rounds_done, "total": node_rounds_total,
                      "elapsed_s": wall if done else elapsed,
                      "eta_s": 0.0 if done else estimate_eta(node_rounds_done, node_rounds_total, elapsed)},
@@ -281,7 +306,7 @@ def folder_state(folder: Path) -> dict[str, Any]:
     return dashboard_state(folder)
 
 
-def dashboard_app(folder: Path) -> web.Application:
+def dashboard_app(folder: Path, min_age_s: float = 1.0) -> web.Application:
     page = resources.files("p2pfl.report").joinpath("dashboard.html").read_text()
     bundle = plotly_bundle()
 
@@ -292,8 +317,18 @@ def dashboard_app(folder: Path) -> web.Application:
         return web.Response(body=bundle, content_type="application/javascript",
                             headers={"Cache-Control": "max-age=86400"})
 
+    latest: dict[str, Any] = {"state": None, "at": 0.0, "cost": 0.0}
+    computing = asyncio.Lock()
+
     async def state(_: web.Request) -> web.Response:
-        return web.json_response(await asyncio.to_thread(folder_state, folder))
+        # Reading a 1000-node folder takes seconds of a core the nodes need: while a state is
+        # younger than a few times its cost, every poll (every open page) gets that one.
+        async with computing:
+            if latest["state"] is None or time.monotonic() - latest["at"] > max(min_age_s, STATE_REUSE * latest["cost"]):
+                started = time.monotonic()
+                latest["state"] = await asyncio.to_thread(folder_state, folder)
+                latest["at"], latest["cost"] = time.monotonic(), time.monotonic() - started
+        return web.json_response(latest["state"])
 
     app = web.Application()
     app.router.add_get("/", index)

@@ -18,8 +18,9 @@ import pytest
 
 from p2pfl.errors import ConfigError
 from p2pfl.report.dashboard import dashboard_state, estimate_eta, folder_state, log_tail, round_bands
-from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.hosting.ports import free_ports
+from p2pfl.runtime.config import node_ids
+from p2pfl.runtime.run_folder import RunFolder
 
 # Screenshots of the pages, kept for a person to look at (CI keeps this folder).
 ARTEFACTS = Path(os.environ.get("P2PFL_TEST_ARTEFACTS", Path(__file__).resolve().parents[2] / "test-artefacts"))
@@ -56,10 +57,34 @@ def test_state_follows_the_run_folder_as_nodes_write_it(tmp_path: Path) -> None:
     assert state["progress"]["done"] == 1 + 3  # an isolated node has no rounds left to wait for
 
 
+def test_a_thousand_node_state_stays_small_and_lists_failed_nodes_logs_first(tmp_path: Path) -> None:
+    from p2pfl.report.dashboard import LOG_NODES, PER_NODE_MAX
+
+    folder = RunFolder(tmp_path)
+    n = 1000
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": n, "rounds": 30, "algorithm": {"name": "fedavg"}}))
+    ids = node_ids(n)  # node-000 ... node-999
+    for i, nid in enumerate(ids):
+        for r in range(1, 31):
+            folder.append_round(nid, {"round": r, "test_acc": i / n, "bytes_received": 2**20,
+                                              "time": {"train_s": 1.0, "exchange_s": 0.5}})
+    folder.log("node-999").parent.mkdir(parents=True, exist_ok=True)
+    folder.log("node-999").write_text("boom\n")
+    folder.write_result("node-999", {"status": "failed", "error": "RuntimeError: boom"})
+    state = dashboard_state(tmp_path)
+    assert n > PER_NODE_MAX and not state["per_node"] and "rounds" not in state["nodes"][0]
+    assert state["nodes"][5]["last"]["test_acc"] == 0.005 and state["nodes"][5]["mib_received"] == 30.0
+    assert state["curves"]["test_acc"][-1]["mean"] == pytest.approx((n - 1) / 2 / n)
+    assert state["round_time"][0]["train"] == 1.0 and state["round_time"][0]["exchange"] == 0.5
+    logged = [node["id"] for node in state["nodes"] if "log" in node]
+    assert len(logged) == LOG_NODES and "node-999" in logged  # the failed node past the first 50 too
+    assert len(json.dumps(state)) < 400_000  # each of 1000 nodes' 30 rounds would be megabytes a second
+
+
 def test_curves_are_the_mean_and_spread_over_nodes_of_each_round() -> None:
-    nodes = [{"rounds": [{"round": 1, "test_acc": 0.2}, {"round": 2, "test_acc": 0.6}]},
-             {"rounds": [{"round": 1, "test_acc": 0.4}, {"round": 2, "test_acc": None}]},
-             {"rounds": [{"round": 1, "test_acc": 0.9}]}]
+    nodes = [{"records": [{"round": 1, "test_acc": 0.2}, {"round": 2, "test_acc": 0.6}]},
+             {"records": [{"round": 1, "test_acc": 0.4}, {"round": 2, "test_acc": None}]},
+             {"records": [{"round": 1, "test_acc": 0.9}]}]
     bands = round_bands(nodes, "test_acc")
     assert [b["round"] for b in bands] == [1, 2]
     assert bands[0]["mean"] == pytest.approx((0.2 + 0.4 + 0.9) / 3) and (bands[0]["min"], bands[0]["max"]) == (0.2, 0.9)
@@ -93,6 +118,7 @@ def test_a_finished_run_shows_its_summary_line_its_errors_and_that_privacy_was_o
     assert state["privacy"] == {"mode": "none"}
     assert [len(state["curves"][k]) for k in ("test_acc", "train_loss", "test_loss")] == [2, 2, 2]
     assert all(n["log"] and "final accuracy" in n["log"][-1] for n in state["nodes"])
+    assert [len(n["rounds"]) for n in state["nodes"]] == [2, 2]  # per-node lines, for a small run
 
 
 def _write_compare(folder: Path, rows: dict[str, list[list[float]]], done: bool) -> None:
@@ -315,7 +341,7 @@ def test_finding_9_a_node_killed_mid_write_takes_neither_the_dashboard_nor_the_r
     state = dashboard_state(tmp_path)
     node0 = state["nodes"][0]
     assert [r["round"] for r in node0["rounds"]] == [1, 2, 3] and node0["rounds"][2]["test_acc"] == 0.7
-    assert node0["rounds"][1]["mib_received"] == 0.0 and node0["rounds"][1]["time"]["train"] == 0.0
+    assert node0["rounds"][1]["mib_received"] == 0.0 and state["round_time"][1]["train"] == 0.0
     assert state["heatmaps"]["relevance"]["matrix"] == [[None, None], [None, None]]  # round 2's value is no vector
     folder.node_result("node-1").write_text('{"status": "ok", "rou')  # a file written before writes were atomic
 
@@ -325,6 +351,30 @@ def test_finding_9_a_node_killed_mid_write_takes_neither_the_dashboard_nor_the_r
             return resp.status
 
     assert asyncio.run(fetch()) == 200
+
+
+def test_polls_within_a_states_age_share_one_reading_of_the_folder(tmp_path: Path) -> None:
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from p2pfl.report.dashboard import dashboard_app
+
+    folder = RunFolder(tmp_path)
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 1, "rounds": 3, "algorithm": {"name": "fedavg"}}))
+
+    async def polls() -> list[int]:
+        rounds = []
+        for min_age_s in (3600.0, 0.0):
+            async with TestClient(TestServer(dashboard_app(tmp_path, min_age_s=min_age_s))) as client:
+                first = await (await client.get("/api/state")).json()
+                folder.append_round("node-0", {"round": len(first["nodes"][0].get("rounds", [])) + 1})
+                await asyncio.sleep(0.5)  # older than a few times the millisecond this folder takes to read
+                second = await (await client.get("/api/state")).json()
+                rounds.append(len(second["nodes"][0]["rounds"]) - len(first["nodes"][0]["rounds"]))
+        return rounds
+
+    assert asyncio.run(polls()) == [0, 1]  # the same state while young; read again once old
 
 
 def test_results_are_written_whole(tmp_path: Path) -> None:
