@@ -212,7 +212,8 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     if done:
         try:  # what `p2pfl run` printed under its node table: the summary line and any warnings
             printed = format_summary(results).splitlines()
-            summary_lines = printed[max(i for i, line in enumerate(printed) if set(line) == {"-"}) + 1:]
+            summary_lines = [line for line in printed[max(i for i, line in enumerate(printed) if set(line) == {"-"}) + 1:]
+                             if line.strip()]
         except (KeyError, TypeError, ValueError, AttributeError):  # a results.json of another version
             summary_lines = []
     curves = {key: round_bands(nodes, key) for key in
