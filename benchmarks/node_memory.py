@@ -1,0 +1,160 @@
+"""What a node holds, by component: bytes per node after its rounds, in one worker process.
+
+    python benchmarks/node_memory.py [SCENARIO] [--nodes 100] [--set key=value ...]
+
+The scenario's nodes (default `scenarios/scale.toml`, 100 nodes) are built and run in this
+process on one event loop, as a `shared` placement's worker runs its share. After the run, each
+node's object graph is walked from its attributes (`model`, `trainer`, `data`, `endpoint`,
+`strategy`, ...), without crossing into other nodes, the event loop, modules or classes. Tensor,
+array and frame (bytes of 1 KiB or more) memory is counted once per storage, under the first attribute that reaches them; a
+storage that several nodes reach is counted once, as "shared". Printed per component: tensor
+bytes per node (mean) and the share they explain of what one more node adds to the process's RSS
+(the second half of the nodes' build, per node, plus the run's growth per node); the rest is
+Python objects and allocator overhead ("other").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import inspect
+import logging
+import statistics
+import tempfile
+import types
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from p2pfl.assembly import assemble_node
+from p2pfl.runtime.config import load_node_config
+from p2pfl.runtime.node import Node
+from p2pfl.scenario.launcher import write_run_folder
+from p2pfl.scenario.schema import load_scenario
+
+SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "scale.toml"
+WALK_LIMIT = 2_000_000  # objects per node; a walk that reaches this has escaped the node
+# Walked past, not into: shared machinery, not what a node holds.
+OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.FrameType,
+          types.CodeType, asyncio.AbstractEventLoop, asyncio.Future, types.CoroutineType, logging.Logger,
+          logging.Handler)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _storage(obj: Any) -> tuple[int, int] | None:
+    """(key, bytes) of a tensor's storage or an array's buffer, or None for anything else."""
+    if isinstance(obj, torch.Tensor):
+        try:
+            storage = obj.untyped_storage()
+            return storage.data_ptr(), storage.nbytes()
+        except RuntimeError:  # a tensor without storage (meta, sparse)
+            return None
+    if isinstance(obj, (bytes, bytearray)) and len(obj) >= 1024:  # encoded frames held for peers
+        return id(obj), len(obj)
+    if isinstance(obj, np.ndarray):
+        base = obj
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        return id(base), base.nbytes
+    return None
+
+
+def node_storages(node: Node) -> dict[str, dict[int, int]]:
+    """Component (the node attribute first reaching it) -> storage key -> bytes."""
+    seen: set[int] = {id(node), id(node.__dict__)}
+    found: dict[str, dict[int, int]] = defaultdict(dict)
+    claimed: set[int] = set()
+    for attr, root in vars(node).items():
+        component = attr.lstrip("_")
+        stack = [root]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen or isinstance(obj, OPAQUE) or (isinstance(obj, Node) and obj is not node):
+                continue
+            seen.add(id(obj))
+            if len(seen) > WALK_LIMIT:
+                raise SystemExit(f"the walk from {node.config.id}.{attr} escaped the node ({WALK_LIMIT} objects)")
+            storage = _storage(obj)
+            if storage is not None:
+                key, nbytes = storage
+                if key not in claimed:
+                    claimed.add(key)
+                    found[component][key] = nbytes
+                continue
+            if inspect.ismethod(obj):
+                continue  # a bound method leads back to its object, walked from its own attribute
+            stack.extend(gc.get_referents(obj))
+    return found
+
+
+async def _run(nodes: list[Node]) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*(n.run() for n in nodes)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", nargs="?", default=str(SCENARIO))
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    scenario = load_scenario(args.scenario, [*args.overrides, f"nodes={args.nodes}", 'runtime.placement="shared"'])
+    torch.set_num_threads(scenario.runtime.torch_threads)
+    logging.getLogger("p2pfl").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths, coordinator = write_run_folder(scenario, Path(tmp) / "run")
+        if coordinator is not None:
+            raise SystemExit("this benchmark runs nodes only: pick an algorithm without a coordinator")
+        before = rss_bytes()
+        half = len(paths) // 2
+        nodes = [assemble_node(load_node_config(p), scenario) for p in paths[:half]]
+        built_half = rss_bytes()  # past the one-off costs (the data set read, imports, first allocations)
+        nodes += [assemble_node(load_node_config(p), scenario) for p in paths[half:]]
+        built = rss_bytes()
+        results = asyncio.run(_run(nodes))
+        after = rss_bytes()
+    failed = [r.get("status") for r in results if r.get("status") != "ok"]
+    per_node = [node_storages(n) for n in nodes]
+    owners: dict[int, int] = defaultdict(int)
+    for storages in per_node:
+        for by_key in storages.values():
+            for key in by_key:
+                owners[key] += 1
+    components = sorted({c for s in per_node for c in s})
+    n = len(nodes)
+    rows = []
+    shared: dict[int, int] = {}
+    for component in components:
+        own = [sum(b for k, b in s.get(component, {}).items() if owners[k] == 1) for s in per_node]
+        for s in per_node:
+            shared.update({k: b for k, b in s.get(component, {}).items() if owners[k] > 1})
+        if any(own):
+            rows.append((component, statistics.fmean(own)))
+    # What one more node costs: its share of the second half's build, and of the run's growth.
+    growth = (built - built_half) / max(1, n - half) + (after - built) / n
+    print(f"{scenario.name}: {n} nodes, {scenario.model.name}, {scenario.algorithm.name}, {scenario.rounds} rounds, "
+          f"topology {scenario.runtime.topology}; nodes not ok: {len(failed)}")
+    print(f"process RSS: {before / 2**20:.0f} MiB before, {built / 2**20:.0f} MiB built, {after / 2**20:.0f} MiB "
+          f"after the run: {(built - built_half) / max(1, n - half) / 2**10:.0f} KiB per node built (the second half's), "
+          f"{(after - built) / n / 2**10:.0f} KiB per node more after the run; {growth / 2**10:.0f} KiB per node in all")
+    print(f"{'component':<22}{'KiB per node':>14}{'share of growth':>17}")
+    for component, nbytes in sorted(rows, key=lambda r: -r[1]):
+        print(f"{component:<22}{nbytes / 2**10:>14.1f}{nbytes / growth:>16.0%}")
+    tensors = sum(b for _, b in rows)
+    print(f"{'shared by nodes':<22}{sum(shared.values()) / n / 2**10:>14.1f}{sum(shared.values()) / n / growth:>16.0%}"
+          f"   ({sum(shared.values()) / 2**20:.1f} MiB once for all)")
+    print(f"{'other (objects)':<22}{(growth - tensors) / 2**10:>14.1f}{(growth - tensors) / growth:>16.0%}")
+
+
+if __name__ == "__main__":
+    main()
