@@ -313,7 +313,8 @@ def poisoning_grid_table(clean: Mapping[float, Path], attacked: Mapping[str, Map
     `clean`: bound factor -> the attack-free compare folder; `attacked`: attack name -> bound
     factor -> its compare folder (same rows and seeds). Honest nodes' accuracy, mean (std) over
     seeds, and per attack the paired difference over seeds of the bounded, attacked run from the
-    clean run as each method is printed (c = 0), with its 95 % t interval."""
+    clean run as each method is printed (c = 0), and from the clean run under the same bound (the
+    attack's own damage), each with its 95 % t interval."""
     from p2pfl.core.paired import paired_difference
 
     any_folder = next(iter(next(iter(attacked.values())).values()))
@@ -325,15 +326,18 @@ def poisoning_grid_table(clean: Mapping[float, Path], attacked: Mapping[str, Map
     base = _honest_by_seed(clean[0.0], attackers)
     clean_bounded = _honest_by_seed(clean[bound], attackers)
     head = ["attack", "row", "clean, c = 0", f"clean, c = {bound:g}", "attacked, c = 0", f"attacked, c = {bound:g}",
-            f"attacked c = {bound:g} − clean c = 0 (pts, 95 % interval)", "seeds"]
+            f"attacked c = {bound:g} − clean c = 0 (pts, 95 % interval)",
+            f"attacked c = {bound:g} − clean c = {bound:g}", "seeds"]
     rows = []
     for attack, by_bound in attacked.items():
         without, with_bound = _honest_by_seed(by_bound[0.0], attackers), _honest_by_seed(by_bound[bound], attackers)
         for label in base:
             diff = paired_difference(with_bound.get(label, {}), base[label], min_seeds=len(base[label]))
+            attack_only = paired_difference(with_bound.get(label, {}), clean_bounded.get(label, {}),
+                                            min_seeds=len(base[label]))
             rows.append([attack, label, mean_std(base[label].values(), 100, 1),
                          mean_std(clean_bounded.get(label, {}).values(), 100, 1),
                          mean_std(without.get(label, {}).values(), 100, 1),
                          mean_std(with_bound.get(label, {}).values(), 100, 1),
-                         diff.cell(), str(len(diff.seeds))])
+                         diff.cell(), attack_only.cell(), str(len(diff.seeds))])
     return _markdown(head, rows)

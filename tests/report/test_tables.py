@@ -285,4 +285,6 @@ def test_the_poisoning_grid_pairs_each_attacked_run_with_its_clean_seed(tmp_path
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "76.7 (4.7)" and cells[4] == "10.0 (0.0)" and cells[5] == "66.7 (4.7)"
     # Paired by seed: (0.7 - 0.8), (0.7 - 0.8), (0.6 - 0.7) = -0.1 each: an interval of width 0.
-    assert cells[6].startswith("-10.0") and cells[7] == "3"
+    assert cells[6].startswith("-10.0") and cells[8] == "3"
+    # Against the clean run under the bound: (0.7 - 0.8), (0.7 - 0.8), (0.6 - 0.7), -0.1 again.
+    assert cells[7].startswith("-10.0")
