@@ -7,7 +7,7 @@ import json
 import math
 import statistics
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +58,19 @@ def download_warning(health: Mapping[str, Any]) -> str | None:
             "fewer peers than the scenario says, so do not compare this run with one where they answered")
 
 
-def refused_peers(nodes: list[Mapping[str, Any]], key: str = "peers_refused") -> dict[str, int]:
+def refused_peers(nodes: list[Mapping[str, Any]], key: str = "peers_refused",
+                  counts_if: Callable[[Any], bool] = lambda _: True) -> dict[str, int]:
     """Per peer, in how many node-rounds its part was refused for a claim over a bound
     (`peers_refused` in the round records, `p2pfl.runtime.peer_claims`), or with
-    `key="peers_bounded"` pulled back within `runtime.update_bound`."""
+    `key="peers_bounded"` pulled back within `runtime.update_bound`; only the node-rounds whose
+    recorded value `counts_if` accepts."""
     counts: dict[str, int] = {}
     for n in nodes:
         for r in n.get("rounds", []):
-            for peer in r.get(key) or {}:
-                counts[peer] = counts.get(peer, 0) + 1
+            named = r.get(key) or {}
+            for peer in named:
+                if counts_if(named[peer] if isinstance(named, Mapping) else None):
+                    counts[peer] = counts.get(peer, 0) + 1
     return dict(sorted(counts.items()))
 
 
@@ -79,13 +83,8 @@ FAR_BOUND_FACTOR = 10.0
 
 def far_bounded_peers(nodes: list[Mapping[str, Any]], factor: float = FAR_BOUND_FACTOR) -> dict[str, int]:
     """Per peer, in how many node-rounds its part lay at least `factor` times over the bound."""
-    counts: dict[str, int] = {}
-    for n in nodes:
-        for r in n.get("rounds", []):
-            for peer, over in (r.get("peers_bounded_factor") or {}).items():
-                if isinstance(over, (int, float)) and over >= factor:
-                    counts[peer] = counts.get(peer, 0) + 1
-    return dict(sorted(counts.items()))
+    return refused_peers(nodes, "peers_bounded_factor",
+                         lambda over: isinstance(over, (int, float)) and over >= factor)
 
 
 def bounded_warning(bounded: Mapping[str, int], node_rounds: int,
