@@ -7,6 +7,7 @@ algorithm and no network.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -227,12 +228,42 @@ def correct_per_sample(model: nn.Module, split: Any, batch_size: int = 1024) -> 
     return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
 
 
+# On the CPU, oneDNN runs a convolution on channels-last weights about 3x faster than on the
+# default layout, and fastest on small batches (LeNet, 1000 digits, one thread: 0.70 s at
+# batch 1024 as stored, 0.23 s channels-last at batch 64; `python benchmarks/evaluation.py`).
+# Scoring a thousand test samples twice a round was most of a digits run's time.
+CPU_EVAL_BATCH = 64
+
+
+def _cpu_eval_copy(module: nn.Module) -> nn.Module | None:
+    """A channels-last copy of a CPU model with 2-D convolutions, for scoring only; None where
+    the stored layout is as fast (no convolution, not on the CPU) or the module cannot be copied.
+
+    A copy, not a conversion in place: the model's own layout (and so its training arithmetic)
+    stays as it was."""
+    if not any(isinstance(m, nn.Conv2d) for m in module.modules()):
+        return None
+    if any(p.device.type != "cpu" for p in module.parameters()):
+        return None
+    try:
+        copied = copy.deepcopy(module)
+    except Exception:  # noqa: BLE001 - a module holding hooks or handles that do not copy: score it as it is
+        return None
+    return copied.to(memory_format=torch.channels_last).eval()
+
+
 def _eval_batches(forward: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, split: Any,
                   batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(logits, labels) per batch on `module`'s device, `module` in eval mode meanwhile."""
     x, y = _split_tensors(split)
     first = next(module.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")
+    if forward is module and len(y) > CPU_EVAL_BATCH:
+        fast = _cpu_eval_copy(module)
+        if fast is not None:
+            for start in range(0, len(y), CPU_EVAL_BATCH):
+                yield fast(x[start : start + CPU_EVAL_BATCH]), y[start : start + CPU_EVAL_BATCH]
+            return
     was_training = module.training
     module.eval()
     try:
