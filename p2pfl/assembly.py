@@ -121,7 +121,7 @@ def node_settings(sc: Scenario) -> NodeSettings:
         coordinator_wait_s=rt.coordinator_wait_s, setup_wait_s=rt.setup_wait_s, start_wait_s=rt.start_wait_s,
         linger_s=rt.linger_s, participation=rt.participation, accept_stale=rt.accept_stale,
         wire_precision=rt.wire_precision, max_weight_ratio=rt.max_weight_ratio, max_norm_ratio=rt.max_norm_ratio,
-        update_bound=rt.update_bound, resolved=sc.to_dict(),
+        update_bound=rt.update_bound, update_refuse=rt.update_refuse, resolved=sc.to_dict(),
     )
 
 

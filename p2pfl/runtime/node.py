@@ -198,6 +198,11 @@ class Node:
         if clipped is None:
             return tensors
         tensors, distance, bound = clipped
+        refuse = self.settings.update_refuse
+        if refuse > 0 and distance >= refuse * bound:
+            raise ClaimRefused(f"{sender}/{part} moved {distance:.3g} from this node's round start, {distance / bound:.0f} "
+                               f"times over {self.settings.update_bound:g} x its own update ({bound:.3g}; refused from "
+                               f"{refuse:g} times over, runtime.update_refuse)")
         self.bounded[sender] = (f"{part} moved {distance:.3g} from this node's round start, over "
                                 f"{self.settings.update_bound:g} x its own update ({bound:.3g}); pulled back to it")
         self.bounded_factor[sender] = max(self.bounded_factor.get(sender, 0.0), round(distance / bound, 3))

@@ -13,6 +13,10 @@ from typing import Any
 DEFAULT_MAX_WEIGHT_RATIO = 4.0  # runtime.max_weight_ratio (p2pfl.runtime.peer_claims)
 DEFAULT_MAX_NORM_RATIO = 1000.0  # runtime.max_norm_ratio
 DEFAULT_UPDATE_BOUND = 1.0  # runtime.update_bound; 0 turns it off (chosen on validation: docs/security.md)
+# runtime.update_refuse: a part this many times over the bound is refused, not pulled back; 0 never.
+# Honest parts lay at most 10.8 times over in the poisoning table's bounded runs, a sign-flip x1000
+# 520 to 1700 times (docs/security.md): 100 sits between, with an order of magnitude to spare.
+DEFAULT_UPDATE_REFUSE = 100.0
 WIRE_PRECISIONS = ("float32", "float16", "int8")  # runtime.wire_precision (p2pfl.runtime.precision)
 SAFEGUARD_KINDS = ("mix", "local")  # algorithm.safeguard (p2pfl.runtime.safeguard); torch-free, for the schema
 
@@ -33,5 +37,6 @@ class NodeSettings:
     max_weight_ratio: float         # p2pfl.runtime.peer_claims
     max_norm_ratio: float
     update_bound: float             # a peer part's distance from the round start, in own updates (0: off)
+    update_refuse: float = DEFAULT_UPDATE_REFUSE  # times over update_bound at which a part is refused (0: never)
     # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)

@@ -26,7 +26,8 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
-from p2pfl.runtime.settings import (DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND, SAFEGUARD_KINDS,
+from p2pfl.runtime.settings import (DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
+                                   DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS,
                                     WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import CARRIERS
@@ -139,6 +140,10 @@ class RuntimeSpec:
     # training moved its model this round (norm clipping against poisoning); 0 turns it off. The
     # papers' scenarios set 0: a paper's method runs as printed.
     update_bound: float = DEFAULT_UPDATE_BOUND
+    # A part this many times over that bound is refused, not pulled back (0: never refused): a
+    # sign-flip x1000 otherwise still adds a reversed update as long as the node's own to every
+    # average. Meaningless without the bound, so not stored when update_bound = 0.
+    update_refuse: float = DEFAULT_UPDATE_REFUSE
     buffered_mb: float = 256.0        # bodies of pushes read at once, all senders together; beyond it: 429
     # The carrier between nodes (p2pfl.runtime.transport): "http" between processes and machines;
     # "loopback" hands the same signed frames over in memory, for nodes that share one process.
@@ -172,6 +177,9 @@ class RuntimeSpec:
         if not (self.update_bound == 0 or 1 <= self.update_bound < float("inf")):
             raise ConfigError("runtime.update_bound", "must be 0 (off) or a finite number >= 1 (times this node's own "
                                                       f"update), got {self.update_bound}")
+        if not (self.update_refuse == 0 or 1 <= self.update_refuse < float("inf")):
+            raise ConfigError("runtime.update_refuse", "must be 0 (never refuse) or a finite number >= 1 (times over "
+                                                       f"runtime.update_bound), got {self.update_refuse}")
         if self.transport not in CARRIERS and ":" not in self.transport:
             raise ConfigError("runtime.transport", f"unknown transport {self.transport!r}; choose one of "
                                                    f"{', '.join(sorted(CARRIERS))}, or name one as 'pkg.module:factory'")
@@ -216,6 +224,8 @@ class Scenario:
         for key in RUNTIME_ADDED:  # absent at their defaults: old run folders still match
             if out["runtime"][key] == RuntimeSpec.__dataclass_fields__[key].default:
                 del out["runtime"][key]
+        if self.runtime.update_bound == 0:  # no bound, nothing to be over: runs without it match whatever the factor
+            del out["runtime"]["update_refuse"]
         out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
         if self.algorithm.safeguard is not None:  # absent when off: old run folders still match
             out["algorithm"]["safeguard"] = True if self.algorithm.safeguard == "mix" else self.algorithm.safeguard
@@ -229,11 +239,17 @@ class Scenario:
 def stored_as_made(stored: Mapping[str, Any]) -> dict[str, Any]:
     """A stored resolved scenario with the fields it predates set to how its run was made: a run
     made before `runtime.update_bound` existed bounded nothing (0), though the field's default
-    is now 3, so it is compared and resumed as 0."""
+    is now 1, so it is compared and resumed as 0; a bounded run made before
+    `runtime.update_refuse` existed refused nothing for being over the bound (0). Without the
+    bound the refusal factor means nothing and is not stored."""
     out = json.loads(json.dumps(stored))
     runtime = out.get("runtime")
     if isinstance(runtime, dict) and "update_bound" not in runtime:
         runtime["update_bound"] = 0.0
+    if isinstance(runtime, dict) and runtime.get("update_bound") and "update_refuse" not in runtime:
+        runtime["update_refuse"] = 0.0  # bounded before refusals existed: every part was pulled back
+    if isinstance(runtime, dict) and runtime.get("update_bound") == 0:
+        runtime.pop("update_refuse", None)
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
-from p2pfl.runtime.peer_claims import bound_update, part_norm, update_norm
+from p2pfl.runtime.peer_claims import ClaimRefused, bound_update, part_norm, update_norm
 from p2pfl.scenario.results import bounded_warning, far_bounded_peers, refused_peers
 from p2pfl.scenario.schema import RuntimeSpec
 from p2pfl.wire import NodeKey, Roster, open_message
@@ -57,7 +57,7 @@ def test_a_node_pulls_a_sign_flipped_part_back_and_names_its_sender(tmp_path: Pa
 
     peer_key = NodeKey.generate()
     node = _serving(tmp_path, peer_key)
-    node.settings = dataclasses.replace(node.settings, update_bound=3.0)
+    node.settings = dataclasses.replace(node.settings, update_bound=3.0, update_refuse=0.0)
     node.ctx.round_start = {k: v.detach().clone() for k, v in node.model.state_dict().items()}
     with torch.no_grad():  # this node's own training this round: 0.01 on every body parameter
         for name, p in node.model.named_parameters():
@@ -81,15 +81,51 @@ def test_a_node_pulls_a_sign_flipped_part_back_and_names_its_sender(tmp_path: Pa
     assert node.bounded == {}
 
 
+def test_a_part_far_over_the_bound_is_refused_and_named(tmp_path: Path) -> None:
+    """A sign-flip x1000 pulled back still adds a reversed update as long as the node's own to every
+    average; at `update_refuse` times over the bound the part is refused instead, and the sender named."""
+    import dataclasses
+
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key)
+    node.settings = dataclasses.replace(node.settings, update_bound=1.0, update_refuse=100.0)
+    node.ctx.round_start = {k: v.detach().clone() for k, v in node.model.state_dict().items()}
+    with torch.no_grad():
+        for name, p in node.model.named_parameters():
+            if name.startswith("body."):
+                p.add_(0.01)
+    start = part_state_of(node.ctx.round_start, "body")
+    roster = Roster({"node-1": peer_key.public_hex})
+    flipped = {k: v - 1000 * 0.01 if v.is_floating_point() else v for k, v in start.items()}  # 1000x over
+    node.bounded, node.refused = {}, {}
+    message = open_message(model_frame(peer_key, node, tensors=flipped), roster=roster, recipient="node-0", replay=None)
+    with pytest.raises(ClaimRefused, match="1000 times over 1 x its own update"):
+        node._peer_model(message)
+    assert node.bounded == {}
+    farther = {k: v + 50 * 0.01 if v.is_floating_point() else v for k, v in start.items()}  # 50x over: pulled back
+    message = open_message(model_frame(peer_key, node, seq=2, tensors=farther), roster=roster, recipient="node-0",
+                           replay=None)
+    node._peer_model(message)
+    assert node.bounded_factor["node-1"] == pytest.approx(50.0, rel=1e-3)
+
+
+def test_a_wrong_update_refuse_is_named() -> None:
+    for value in (-1.0, 0.5, float("inf"), float("nan")):
+        with pytest.raises(ConfigError) as err:
+            RuntimeSpec(update_refuse=value)
+        assert err.value.field == "runtime.update_refuse"
+
+
 def part_state_of(state: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if k.startswith(part + ".")}
 
 
-def _attacked_run(tmp_path: Path, update_bound: float) -> tuple[list[dict], list[float]]:
+def _attacked_run(tmp_path: Path, update_bound: float, update_refuse: float = 0.0) -> tuple[list[dict], list[float]]:
     tmp_path.mkdir()
     scenario = write_tiny(tmp_path, nodes=3, rounds=2, samples=40, extra=(
         '\n[attack]\nkind = "sign-flip"\nnodes = [0]\nscale = 1000.0\n'))
-    nodes, coordinator = build_in_process(scenario, tmp_path / "run", (f"runtime.update_bound={update_bound}",))
+    nodes, coordinator = build_in_process(scenario, tmp_path / "run", (f"runtime.update_bound={update_bound}",
+                                                                       f"runtime.update_refuse={update_refuse}"))
     results, _, _ = run_in_process(nodes, coordinator)
     return results, [part_norm(part_state(n.model, "full")) for n in nodes[1:]]
 
@@ -110,6 +146,20 @@ def test_finding_12_a_sign_flipping_peer_x1000_is_bounded_and_named(tmp_path: Pa
     assert max(bounded_norms) * 10 < min(open_norms)
 
 
+def test_finding_12_a_sign_flipping_peer_x1000_is_refused_at_the_default_factor(tmp_path: Path) -> None:
+    """Pulled back, the reversed update still weighs in every average; at the default
+    `update_refuse` it is refused in every round, named, and no honest model takes it in."""
+    results, norms = _attacked_run(tmp_path / "refuse", 1.0, 100.0)
+    _, bounded_norms = _attacked_run(tmp_path / "bound", 1.0, 0.0)
+    for r in results[1:]:
+        assert r["status"] == "ok"
+        for rec in r["rounds"]:
+            assert "times over 1 x its own update" in (rec.get("peers_refused") or {}).get("node-0", "")
+            assert "node-0" not in (rec.get("peers_bounded") or {}) and "node-0" not in rec["arrived"]
+    assert refused_peers(results) == {"node-0": 4}
+    assert max(norms) < max(bounded_norms) * 2
+
+
 def test_update_bound_0_survives_the_run_folder_and_old_runs_count_as_unbounded(tmp_path: Path) -> None:
     """A run asked for without the bound must run without it: the resolved scenario the nodes
     read keeps 0 (it was once left out, and the nodes read the default 3). A run folder made
@@ -128,7 +178,16 @@ def test_update_bound_0_survives_the_run_folder_and_old_runs_count_as_unbounded(
     (tmp_path / "older.json").write_text(json.dumps(older))
     assert load_scenario(tmp_path / "older.json").runtime.update_bound == 0
     assert scenario_differences(older, scenario) == []
-    assert scenario_differences(older, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1))) == ["runtime.update_bound"]
+    assert scenario_differences(older, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1))) == [
+        "runtime.update_bound", "runtime.update_refuse"]
+    # A bounded run made before refusals existed pulled every part back: it matches update_refuse = 0 only.
+    bounded = load_scenario(write_tiny(tmp_path, nodes=2, rounds=1), ["runtime.update_refuse=0"]).to_dict()
+    assert bounded["runtime"]["update_refuse"] == 0
+    del bounded["runtime"]["update_refuse"]
+    assert scenario_differences(bounded, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1),
+                                                       ["runtime.update_refuse=0"])) == []
+    assert scenario_differences(bounded, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1))) == [
+        "runtime.update_refuse"]
 
 
 def test_honest_peers_pulled_back_a_little_get_a_note_not_a_warning() -> None:
