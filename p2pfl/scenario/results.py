@@ -121,8 +121,8 @@ def refusal_warning(refused: Mapping[str, int]) -> str | None:
     if not refused:
         return None
     listed = ", ".join(f"{peer} ({count} node-rounds)" for peer, count in refused.items())
-    return (f"warning: parts refused for claims over runtime.max_weight_ratio / max_norm_ratio: {listed}; "
-            "the round records' `peers_refused` say why")
+    return (f"warning: parts refused for claims over runtime.max_weight_ratio / max_norm_ratio / update_refuse: "
+            f"{listed}; the round records' `peers_refused` say why")
 
 
 # What two runs of one seed must agree on, per node and round. Bytes and times are left out: a
