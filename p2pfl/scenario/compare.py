@@ -436,22 +436,36 @@ def sweep_table(row: Row, candidates: Mapping[str, Sequence[Mapping[str, Any]]],
     return "\n".join(lines)
 
 
-def earlier_rows(out: Path, base: Mapping[str, Any], scenario_path: Path, seeds: Sequence[int],
-                 asked: Sequence[str]) -> dict[str, list[dict[str, Any]] | None]:
-    """The rows out/compare.json lists, in its order: those this call asks for map to None
-    (this call fills them in), the others to their summaries where every seed's run is there and
-    still matches this call's scenario, so that a folder gathers its rows over several calls.
-    Rows that no longer match are left out, saying why."""
+def earlier_overrides(out: Path) -> dict[str, list[str]]:
+    """Per row out/compare.json lists, the `--set` overrides its runs were made with. A listing
+    written before rows kept their own holds the overrides of the call that wrote it, and every
+    row it kept matched them then."""
     listing = out / "compare.json"
     if not listing.is_file():
         return {}
+    document = json.loads(listing.read_text())
+    common = list(document.get("overrides", []))
+    per_row = document.get("row_overrides", {})
+    return {label: list(per_row.get(label, common)) for label in document.get("rows", {})}
+
+
+def earlier_rows(out: Path, scenario_path: Path, seeds: Sequence[int],
+                 asked: Sequence[str]) -> dict[str, list[dict[str, Any]] | None]:
+    """The rows out/compare.json lists, in its order: those this call asks for map to None
+    (this call fills them in), the others to their summaries where every seed's run is there and
+    still matches the scenario with the overrides that row was made with (`earlier_overrides`:
+    one folder gathers rows made by several calls, each with its own `--set`, such as
+    Client2Vec's rows that read an index another row built). Rows that no longer match are left
+    out, saying why."""
     kept: dict[str, list[dict[str, Any]] | None] = {}
-    for label in json.loads(listing.read_text()).get("rows", {}):
+    raw = read_raw(scenario_path)
+    for label, overrides in earlier_overrides(out).items():
         if label in asked:
             kept[label] = None
             continue
         try:
             (row,) = parse_algorithms(label)
+            base = apply_overrides(raw, overrides)
             stored = {candidate.label: [_stored_run(compare_run(out, candidate.label, seed),
                                                     _row_scenario(base, candidate, seed, scenario_path), label)
                                         for seed in seeds] for candidate in row.runs()}
@@ -532,7 +546,8 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
                 scenario = _row_scenario(base, candidate, seed, scenario_path)
                 stored = _stored_run(run_dir, scenario, candidate.label) if reuse else None
                 plans[run_dir] = (candidate, seed, scenario, stored)
-    earlier = earlier_rows(out, base, scenario_path, seeds, [row.label for row in rows]) if reuse else {}
+    earlier = earlier_rows(out, scenario_path, seeds, [row.label for row in rows]) if reuse else {}
+    made_with = earlier_overrides(out) if reuse else {}
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     failures = 0
@@ -563,9 +578,12 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
     summaries = {label: summaries[label] if earlier.get(label) is None else earlier[label]
                  for label in table_order(list(summaries), list(earlier))}
     table = "\n\n".join([format_table(summaries, reference=reference), *sweeps])
+    asked = [row.label for row in rows]
+    row_overrides = {label: list(overrides) if label in asked else made_with[label] for label in summaries}
     (out / "compare.json").write_text(json.dumps({"scenario": str(scenario_path), "seeds": seeds,
-                                                  "overrides": list(overrides), "reference": reference,
-                                                  "chosen": chosen_values(summaries), "rows": summaries}, indent=1))
+                                                  "overrides": list(overrides), "row_overrides": row_overrides,
+                                                  "reference": reference, "chosen": chosen_values(summaries),
+                                                  "rows": summaries}, indent=1))
     (out / "compare.md").write_text(table + "\n")
     print(table)
     return 1 if failures else 0

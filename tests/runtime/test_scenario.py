@@ -190,6 +190,52 @@ def test_compare_reuse_gathers_a_folders_rows_over_several_calls(tmp_path, capsy
     assert listed() == ["local", "fedavg"]
 
 
+def test_compare_reuse_keeps_rows_made_with_other_overrides(tmp_path, capsys):
+    """Client2Vec's ablation runs its index-reading rows with `--set algorithm.params.indices_from=...`
+    into the folder where the rows that build no index ran without it: each earlier row is checked
+    against the overrides it was made with, not this call's, so the one table holds them all."""
+    import json
+
+    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    out = tmp_path / "cmp"
+
+    def plant(label: str, seed: int, overrides: list[str]) -> None:
+        raw = row_raw(apply_overrides(read_raw(path), overrides), parse_algorithms(label)[0])
+        raw["seed"] = seed
+        run = compare_run(out, label, seed)
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "results.json").write_text(json.dumps({
+            "scenario": scenario_from_dict(raw).to_dict(),
+            "nodes": [{"id": "node-0", "rounds": [], "final_test_acc": 0.5}],
+            "summary": {"mean_acc": 0.5, "mean_acc_aggregated": 0.5, "total_bytes": 0, "wall_s": 1.0,
+                        "nodes_failed": 0}}))
+
+    for seed in (3, 4):
+        plant("local", seed, [])
+        plant("fedavg", seed, ["rounds=9"])
+    assert run_compare(path, parse_algorithms("local"), [3, 4], out, reuse=True, progress=False) == 0
+    assert run_compare(path, parse_algorithms("fedavg"), [3, 4], out, ["rounds=9"], reuse=True, progress=False,
+                       reference="local") == 0
+    listing = json.loads((out / "compare.json").read_text())
+    assert list(listing["rows"]) == ["local", "fedavg"]
+    assert listing["row_overrides"] == {"local": [], "fedavg": ["rounds=9"]}
+    assert "Δ vs local" in (out / "compare.md").read_text()
+    capsys.readouterr()
+    assert run_compare(path, parse_algorithms("local"), [3, 4], out, reuse=True, progress=False) == 0
+    assert list(json.loads((out / "compare.json").read_text())["rows"]) == ["local", "fedavg"]
+    assert "leaves out" not in capsys.readouterr().err
+    # A listing from before rows kept their own overrides: its rows matched the overrides of the call that wrote it.
+    listing = json.loads((out / "compare.json").read_text())
+    del listing["row_overrides"]
+    listing["overrides"] = ["rounds=9"]
+    listing["rows"] = {"fedavg": listing["rows"]["fedavg"]}
+    (out / "compare.json").write_text(json.dumps(listing))
+    assert run_compare(path, parse_algorithms("local"), [3, 4], out, reuse=True, progress=False) == 0
+    assert json.loads((out / "compare.json").read_text())["row_overrides"] == {"local": [], "fedavg": ["rounds=9"]}
+
+
 def test_compare_reuse_refuses_a_run_made_on_other_synth_data(tmp_path, monkeypatch):
     """synth is rendered from the machine's fonts: a run made when other fonts were installed
     measured other data, and is refused with the way to pin the fonts."""
