@@ -28,7 +28,7 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
   record says how often. The coordinator's global model is not bounded: it is the reference.
   A part `update_refuse` (100) or more times over the bound is refused instead: pulled back, a
   sign-flip x1000 still adds a reversed update as long as the node's own to every average
-  (honest parts lay at most 7.9 times over in the poisoning table, that attacker 482 to 1744).
+  (honest parts lay at most 10.8 times over in the poisoning table, that attacker 482 to 1744).
 
 A refusal raises `ClaimRefused` (a 422 for a pushed part); the node records the peer and reason
 in the round's record and goes on without that part.

@@ -14,8 +14,9 @@ DEFAULT_MAX_WEIGHT_RATIO = 4.0  # runtime.max_weight_ratio (p2pfl.runtime.peer_c
 DEFAULT_MAX_NORM_RATIO = 1000.0  # runtime.max_norm_ratio
 DEFAULT_UPDATE_BOUND = 1.0  # runtime.update_bound; 0 turns it off (chosen on validation: docs/security.md)
 # runtime.update_refuse: a part this many times over the bound is refused, not pulled back; 0 never.
-# Honest parts lay at most 10.8 times over in the poisoning table's bounded runs, a sign-flip x1000
-# 520 to 1700 times (docs/security.md): 100 sits between, with an order of magnitude to spare.
+# Honest parts lay at most 10.8 times over in the poisoning table's bounded runs (pFedSV beside a
+# label-flipper; 7.9 beside the sign-flipper), a sign-flip x1000 482 to 1744 times (docs/security.md):
+# 100 sits between, with most of an order of magnitude to spare on either side.
 DEFAULT_UPDATE_REFUSE = 100.0
 WIRE_PRECISIONS = ("float32", "float16", "int8")  # runtime.wire_precision (p2pfl.runtime.precision)
 SAFEGUARD_KINDS = ("mix", "local")  # algorithm.safeguard (p2pfl.runtime.safeguard); torch-free, for the schema

@@ -77,7 +77,8 @@ def refused_peers(nodes: list[Mapping[str, Any]], key: str = "peers_refused",
 # A peer's part this many times over runtime.update_bound looks like poisoning: in the poisoning
 # table's bounded runs (runs/poison/*_b1: FedAvg, FedC2I, pFedSV, 3 seeds) honest parts lay at
 # most 5.5 times over without an attacker (10.8 once, pFedSV beside a label-flipper), a sign-flip
-# x1000 520 to 1700 times, Gaussian noise 4 to 24 times (docs/security.md).
+# x1000 482 to 1744 times (refused from 100: runtime.update_refuse), Gaussian noise 4 to 24 times
+# (docs/security.md).
 FAR_BOUND_FACTOR = 10.0
 
 

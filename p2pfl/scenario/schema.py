@@ -27,8 +27,7 @@ else:  # pragma: no cover
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
 from p2pfl.runtime.settings import (DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
-                                   DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS,
-                                    WIRE_PRECISIONS)
+                                    DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS, WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import CARRIERS
 from p2pfl.training.config import TrainConfig
