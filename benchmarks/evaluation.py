@@ -1,6 +1,6 @@
 """Scoring a split on the CPU: the stored layout at batch 1024 (how p2pfl scored before) against
 the channels-last copy at `CPU_EVAL_BATCH` (how `LocalTrainer.evaluate` scores now), one thread,
-in the same process. Prints seconds per 1000 samples and the ratio; logits must agree.
+in the same process. Prints the median seconds per 1000 samples and the ratio; logits must agree.
 
     python benchmarks/evaluation.py [--samples 1000] [--repeats 7]
 """
@@ -8,7 +8,6 @@ in the same process. Prints seconds per 1000 samples and the ratio; logits must 
 from __future__ import annotations
 
 import argparse
-import time
 from types import SimpleNamespace
 
 import torch
@@ -17,22 +16,13 @@ from torch import nn
 from p2pfl.models import build_model
 from p2pfl.training.config import TrainConfig
 from p2pfl.training.trainer import CPU_EVAL_BATCH, LocalTrainer, _eval_batches
+from timing import median_seconds
 
 
 def stored_layout(model: nn.Module, x: torch.Tensor, batch: int = 1024) -> torch.Tensor:
     with torch.no_grad():
         model.eval()
         return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)])
-
-
-def best_of(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main() -> None:
@@ -49,8 +39,8 @@ def main() -> None:
         x = torch.randn(args.samples, channels, size, size)
         y = torch.randint(0, 10, (args.samples,))
         split = SimpleNamespace(x=x, y=y)
-        before = best_of(lambda: stored_layout(model, x), args.repeats)
-        now = best_of(lambda: trainer.evaluate(model, split), args.repeats)
+        before = median_seconds(lambda: stored_layout(model, x), args.repeats, warmup=1)
+        now = median_seconds(lambda: trainer.evaluate(model, split), args.repeats, warmup=1)
         with torch.no_grad():
             fast = torch.cat([logits for logits, _ in _eval_batches(model, model, split, CPU_EVAL_BATCH)])
         diff = float((fast - stored_layout(model, x)).abs().max())

@@ -229,8 +229,8 @@ def correct_per_sample(model: nn.Module, split: Any, batch_size: int = 1024) -> 
 
 
 # On the CPU, oneDNN runs a convolution on channels-last weights about 3x faster than on the
-# default layout, and fastest on small batches (LeNet, 1000 digits, one thread: 0.70 s at
-# batch 1024 as stored, 0.23 s channels-last at batch 64; `python benchmarks/evaluation.py`).
+# default layout, and fastest on small batches (LeNet, 1000 digits, one thread: 0.74 s at
+# batch 1024 as stored, 0.25 s channels-last at batch 64; `python benchmarks/evaluation.py`).
 # Scoring a thousand test samples twice a round was most of a digits run's time.
 CPU_EVAL_BATCH = 64
 
