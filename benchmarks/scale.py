@@ -8,8 +8,9 @@ For each algorithm, topology and N the scenario runs with `nodes = N` in `shared
 algorithm, first topology) also with one OS process per node, side by side. pFedSV runs with
 k = 5 downloads per round. Printed per run: start-up (launch to the moment the last node began
 round 1), wall per round (the slowest node's mean round `wall_s`), the whole launcher wall,
-and the peak RSS summed over every process of the run (this script's children, sampled
-from /proc every 0.2 s).
+the peak RSS summed over every process of the run (this script's children, sampled
+from /proc every 0.2 s), bytes a round, and the compute fraction (train + evaluate + aggregate
+over the rounds' wall, `p2pfl.runtime.timing`).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def measure(path: str, overrides: list[str], nodes: int, placement: str, algorit
     per_round = max(statistics.fmean(r["wall_s"] for r in n["rounds"]) for n in results["nodes"])
     return {"startup_s": max(first) - launched, "round_s": per_round, "wall_s": results["summary"]["wall_s"],
             "peak_gb": memory.peak / 1e9, "acc": results["summary"]["mean_acc"],
-            "gb_per_round": results["summary"]["total_bytes"] / scenario.rounds / 1e9}
+            "gb_per_round": results["summary"]["total_bytes"] / scenario.rounds / 1e9,
+            "compute": results["summary"].get("compute_fraction") or float("nan")}
 
 
 def main() -> None:
@@ -117,11 +119,12 @@ def main() -> None:
     print(f"{base.name}: {base.model.name}, {base.rounds} rounds, {os.cpu_count()} cores; "
           f"workers per shared run: {base.runtime.workers or os.cpu_count()}; pfedsv k = {PFEDSV_K}")
     print(f"{'algorithm':<10}{'topology':<11}{'placement':<10}{'nodes':>6}{'start-up s':>12}{'s / round':>11}"
-          f"{'wall s':>9}{'peak RSS GB':>13}{'GB / round':>12}{'acc':>7}")
+          f"{'wall s':>9}{'peak RSS GB':>13}{'GB / round':>12}{'compute':>9}{'acc':>7}")
     for algorithm, topology, placement, n in runs:
         m = measure(args.scenario, args.overrides, n, placement, algorithm, topology)
         print(f"{algorithm:<10}{topology:<11}{placement:<10}{n:>6}{m['startup_s']:>12.1f}{m['round_s']:>11.1f}"
-              f"{m['wall_s']:>9.1f}{m['peak_gb']:>13.2f}{m['gb_per_round']:>12.2f}{m['acc']:>7.3f}", flush=True)
+              f"{m['wall_s']:>9.1f}{m['peak_gb']:>13.2f}{m['gb_per_round']:>12.2f}{m['compute']:>9.2f}{m['acc']:>7.3f}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -58,5 +58,6 @@ class FedAvg(Strategy):
                 self.fold(ctx, m)
         if self._mean is not None:
             load_part(ctx.model, self._mean.mean())
+            self._mean = None  # a float64 copy of the model: not held between rounds
         self._mean = None
         ctx.artefacts.record("aggregated_from", [m.sender for m in arrived])

@@ -131,7 +131,7 @@ class NodeWorker:
         proc = await spawn(args, folder.log(self.name), self.torch_threads, die_with_parent=True)
         code = await exit_after_progress(proc, self._round_done)
         # Scenario, configs and keys are never sent back; a resumed node's own state is, as it changed.
-        given = {folder.scenario} | {p for nid in node_ids for p in (folder.key(nid), folder.node_config(nid))}
+        given = {folder.scenario, folder.roster} | {p for nid in node_ids for p in (folder.key(nid), folder.node_config(nid))}
         written = {str(p.relative_to(self.folder)): p.read_bytes()
                    for p in sorted(self.folder.rglob("*")) if p.is_file() and p not in given}
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -151,7 +151,9 @@ def _relocate(config: Any, folder: Path) -> Any:
     """The config with its run-folder paths moved to this worker's folder."""
     from dataclasses import replace
 
-    return replace(config, key_file=RunFolder(folder).key(config.id), scenario=RunFolder(folder).scenario, out=folder)
+    moved = RunFolder(folder)
+    return replace(config, key_file=moved.key(config.id), scenario=moved.scenario, out=folder,
+                   roster=None if config.roster is None else moved.roster)
 
 
 def _write_into(out: Path, name: str, files: Mapping[str, bytes]) -> None:
@@ -206,6 +208,8 @@ class RayWorkers:
         futures = {}
         for name, ids in self.shares.items():
             files = dict([entry(folder.scenario)])
+            if folder.roster.is_file():
+                files.update([entry(folder.roster)])
             for nid in ids:
                 files.update([entry(folder.key(nid)), entry(folder.node_config(nid))])
             if resume:

@@ -48,14 +48,20 @@ class NodeConfig:
     peers: Mapping[str, PeerInfo]
     coordinator: PeerInfo | None = None
     overrides: tuple[str, ...] = field(default_factory=tuple)
+    # Where `peers`, `index` and `port` come from when they were read from a shared roster file:
+    # saved as that reference, so that a run's N configs do not each repeat its N entries.
+    roster: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
-            "id": self.id, "index": self.index, "host": self.host, "port": self.port,
+            "id": self.id, "host": self.host,
             "key_file": str(self.key_file), "scenario": str(self.scenario), "out": str(self.out),
             "overrides": list(self.overrides),
-            "peers": {pid: p.to_dict() for pid, p in self.peers.items()},
         }
+        if self.roster is not None:
+            doc["roster"] = str(self.roster)
+            return doc
+        doc.update(index=self.index, port=self.port, peers={pid: p.to_dict() for pid, p in self.peers.items()})
         if self.coordinator is not None:  # TOML has no null: absent means none
             doc["coordinator"] = self.coordinator.to_dict()
         return doc
@@ -97,9 +103,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
         return q if q.is_absolute() else (base / q)
 
     key_file = resolve(raw["key_file"])
-    if with_roster:
+    roster = resolve(raw["roster"]) if with_roster else None
+    if roster is not None:
         check_key_file(key_file)
-        index, port, peers, coordinator = _from_roster(raw, resolve(raw["roster"]), key_file)
+        index, port, peers, coordinator = _from_roster(raw, roster, key_file)
     else:
         if not isinstance(raw["peers"], Mapping):
             raise ConfigError("peers", "expected a table of peer id -> {url, public_key}")
@@ -113,7 +120,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     return NodeConfig(
         id=raw["id"], index=index, host=str(raw.get("host", "0.0.0.0")), port=port,
         key_file=key_file, scenario=resolve(raw["scenario"]), out=resolve(raw.get("out", "runs/node")),
-        peers=peers, coordinator=coordinator, overrides=tuple(overrides),
+        peers=peers, coordinator=coordinator, overrides=tuple(overrides), roster=roster,
     )
 
 
@@ -134,7 +141,7 @@ def _from_roster(raw: Mapping[str, Any], roster_path: Path, key_file: Path
     from p2pfl.runtime.roster import load_roster
     from p2pfl.wire import NodeKey
 
-    roster = load_roster(roster_path)
+    roster = load_roster(roster_path)  # read once per process: a worker's nodes share one roster
     node_id = raw["id"]
     entry = roster.entry(node_id)
     try:

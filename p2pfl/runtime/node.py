@@ -113,6 +113,7 @@ class Node:
         self.endpoint = parts.transport
         self.endpoint.attach(expected_for=self._expected, meta_schema_for=self._meta_schema, on_message=self._on_push,
                              status=self._status, on_departed=self._on_departed)
+        self.endpoint.expect_readers(self.neighbours)  # the graph is undirected; the coordinator is pushed to
         self.folder = RunFolder(config.out)
         self.artefacts = ArtefactSink(config.id, self.folder.artefacts)
         self.ctx = RoundContext(
@@ -362,6 +363,7 @@ class Node:
         else:
             acc_agg, loss_agg, val_acc_agg, deployed_aggregated = await asyncio.to_thread(self._scored)
         self._scores = (acc_agg, loss_agg, val_acc_agg)
+        ctx.round_start = {}  # a copy of the model, needed within the round only (many nodes share a process)
         time_record = clock.stop()
         record: dict[str, Any] = {
             "round": r,
@@ -519,7 +521,7 @@ class Node:
                 record = await (self.run_round(r) if takes_part(self.participation_rng, sc.participation)
                                 else self.sit_out(r))
                 self.rounds.append(record)
-                await asyncio.to_thread(self.write_checkpoint)
+                await asyncio.to_thread(self.write_checkpoint, False)
                 self.on_round({"id": cfg.id, **record})
             if status == "ok" and self._isolated():
                 status = "isolated"
@@ -598,9 +600,10 @@ class Node:
         """Names, shapes and dtypes of `checkpoint_tensors`, to check a checkpoint before loading it."""
         return {**part_spec(self.model, "full"), **self.safeguard.checkpoint_spec()}
 
-    def write_checkpoint(self) -> None:
+    def write_checkpoint(self, durable: bool = True) -> None:
+        """`durable`: synced to disk (at the end); a round's checkpoint survives the process, not the machine."""
         save_checkpoint(self.checkpoint_path, self.checkpoint_tensors(), key=self.key, node_id=self.config.id,
-                        round_=len(self.rounds), extra=self.checkpoint_state())
+                        round_=len(self.rounds), extra=self.checkpoint_state(), durable=durable)
 
     def checkpoint_state_from_disk(self) -> dict[str, Any]:
         """The state document of this node's checkpoint, verified, without loading it."""

@@ -48,13 +48,18 @@ class ClaimRefused(ValueError):
     reason = "claim_refused"
 
 
+# The norms below flatten a part into one float64 vector: one norm instead of one per tensor
+# (a node bounds every peer's part each round; per tensor, the small ops' overhead was the cost).
+
+def _flat64(tensors: Sequence[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if len(tensors) > 1 else tensors[0].detach().reshape(-1)
+    return flat.to(device or flat.device, torch.float64)
+
+
 def part_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     """The L2 norm over every floating tensor, in float64 (float32 squares overflow past 1.8e19)."""
-    total = 0.0
-    for t in tensors.values():
-        if t.is_floating_point() and t.numel() and not t.is_meta:  # a meta tensor holds no values
-            total += float(torch.linalg.vector_norm(t.detach().to(torch.float64)) ** 2)
-    return math.sqrt(total)
+    kept = [t for t in tensors.values() if t.is_floating_point() and t.numel() and not t.is_meta]  # a meta tensor holds no values
+    return float(torch.linalg.vector_norm(_flat64(kept))) if kept else 0.0
 
 
 def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor], own_norm: float,
@@ -68,14 +73,22 @@ def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor],
                            f"({bound / max_norm_ratio:.3g}, bound {bound:.3g})")
 
 
+def _paired_keys(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor]) -> list[str]:
+    return [k for k, t in tensors.items() if t.is_floating_point() and k in start and t.numel()]
+
+
+def _difference(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
+                keys: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start, tensors − start) over `keys`, flattened, in float64 on `tensors`' device."""
+    moved = _flat64([tensors[k] for k in keys])
+    origin = _flat64([start[k] for k in keys], moved.device)
+    return origin, moved.sub_(origin)
+
+
 def update_norm(part: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor]) -> float:
     """‖part − start‖ over the floating tensors both hold, in float64."""
-    total = 0.0
-    for k, t in part.items():
-        if t.is_floating_point() and k in start and t.numel():
-            diff = t.detach().to(torch.float64) - start[k].detach().to(t.device, torch.float64)
-            total += float(torch.linalg.vector_norm(diff) ** 2)
-    return math.sqrt(total)
+    keys = _paired_keys(part, start)
+    return float(torch.linalg.vector_norm(_difference(part, start, keys)[1])) if keys else 0.0
 
 
 def bound_update(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor], own_update: float,
@@ -85,18 +98,18 @@ def bound_update(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.
     did not move, `own_update` 0, and so gives no scale)."""
     if not update_bound > 0 or not own_update > 0:
         return None
+    keys = _paired_keys(tensors, start)
+    if not keys:
+        return None
     bound = update_bound * own_update
-    distance = update_norm(tensors, start)
+    origin, difference = _difference(tensors, start, keys)
+    distance = float(torch.linalg.vector_norm(difference))
     if distance <= bound:
         return None
-    keep = bound / distance
-    clipped: dict[str, torch.Tensor] = {}
-    for k, t in tensors.items():
-        if t.is_floating_point() and k in start:
-            origin = start[k].detach().to(t.device, torch.float64)
-            clipped[k] = (origin + (t.to(torch.float64) - origin) * keep).to(t.dtype)
-        else:
-            clipped[k] = t
+    pulled = origin.add_(difference, alpha=bound / distance).split([tensors[k].numel() for k in keys])
+    clipped = dict(tensors)
+    for k, piece in zip(keys, pulled):
+        clipped[k] = piece.view(tensors[k].shape).to(tensors[k].dtype)
     return clipped, distance, bound
 
 

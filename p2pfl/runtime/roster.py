@@ -18,6 +18,7 @@ line travels. `p2pfl roster check` validates a roster and probes every host.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -49,7 +50,11 @@ class RosterFile:
     coordinator: PeerInfo | None = None
 
     def index(self, node_id: str) -> int:
-        return list(self.nodes).index(node_id)
+        return self._indices[node_id]
+
+    @functools.cached_property
+    def _indices(self) -> dict[str, int]:
+        return {nid: i for i, nid in enumerate(self.nodes)}
 
     def entry(self, node_id: str) -> PeerInfo:
         if node_id == COORDINATOR_ID and self.coordinator is not None:
@@ -61,10 +66,19 @@ class RosterFile:
 
 
 def load_roster(path: str | Path) -> RosterFile:
-    """Parse and validate a roster file; every problem is a ConfigError naming the file and entry."""
+    """Parse and validate a roster file; every problem is a ConfigError naming the file and entry.
+
+    Read once per process while the file stays as it is (same size and modification time): the
+    nodes a worker hosts share one roster instead of each parsing all N entries."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("roster", f"file not found: {path}")
+    stat = path.stat()
+    return _parsed_roster(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_roster(path: Path, mtime_ns: int, size: int) -> RosterFile:
     try:
         raw = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -63,6 +63,11 @@ class RunFolder:
     def node_config(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.toml"
 
+    @property
+    def roster(self) -> Path:
+        """Every node's URL and public key (and the coordinator's), named by each node config."""
+        return self.root / "nodes" / "roster.toml"
+
     def node_result(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.result.json"
 

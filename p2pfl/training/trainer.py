@@ -202,7 +202,9 @@ class LocalTrainer:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Any, batch_size: int = 1024) -> tuple[float, float]:
         """(accuracy, mean cross-entropy) of `model` on `split`."""
-        model.to(self.device)
+        first = next(model.parameters(), None)
+        if first is None or first.device != self.device:  # `to` walks every module: a node scores four times a round
+            model.to(self.device)
         return evaluate_logits(model, model, split, batch_size)
 
 

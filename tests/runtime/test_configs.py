@@ -81,3 +81,45 @@ def test_a_compare_row_can_replace_a_whole_scenario_table() -> None:
     scenario = scenario_from_dict(row_raw(base, row), source="dp")
     assert scenario.privacy.mode == "none" and scenario.privacy.noise_multiplier is None
     assert scenario.data == scenario_from_dict(base, source="dp").data  # the rest of the scenario is kept
+
+
+def test_a_run_folder_holds_one_roster_that_every_config_reads_its_peers_from(tmp_path):
+    from p2pfl.runtime.roster import load_roster
+    from p2pfl.runtime.run_folder import RunFolder
+    from p2pfl.scenario.launcher import write_run_folder
+    from p2pfl.scenario.schema import load_scenario
+
+    scenario = load_scenario(write_tiny(tmp_path, nodes=4))
+    paths, _ = write_run_folder(scenario, tmp_path / "run")
+    roster = load_roster(RunFolder(tmp_path / "run").roster)
+    assert list(roster.nodes) == ["node-0", "node-1", "node-2", "node-3"]
+    # A config names the roster instead of listing every peer: its size does not grow with N.
+    assert all("[peers" not in p.read_text() and "roster" in p.read_text() for p in paths)
+    configs = [load_node_config(p) for p in paths]
+    assert [c.index for c in configs] == [0, 1, 2, 3]
+    for c in configs:
+        assert c.peers == {nid: info for nid, info in roster.nodes.items() if nid != c.id}
+        assert roster.nodes[c.id].url == f"http://{c.host}:{c.port}"
+        assert roster.nodes[c.id].public_key == NodeKey.load(c.key_file).public_hex
+    # Parsed once per process while the file stays as it is.
+    assert load_roster(RunFolder(tmp_path / "run").roster) is roster
+
+
+def test_readdressing_a_run_folder_rewrites_its_roster_and_keeps_every_key(tmp_path):
+    from p2pfl.runtime.roster import load_roster
+    from p2pfl.runtime.run_folder import RunFolder
+    from p2pfl.scenario.launcher import readdress_run_folder, write_run_folder
+    from p2pfl.scenario.schema import load_scenario
+
+    scenario = load_scenario(write_tiny(tmp_path, nodes=3))
+    paths, _ = write_run_folder(scenario, tmp_path / "run")
+    keys = {p.stem: NodeKey.load(load_node_config(p).key_file).public_hex for p in paths}
+    moved = {p.stem: (f"10.0.0.{i + 1}", 9000 + i) for i, p in enumerate(paths)}
+    readdress_run_folder(scenario, tmp_path / "run", paths, moved)
+    roster = load_roster(RunFolder(tmp_path / "run").roster)
+    assert {nid: info.url for nid, info in roster.nodes.items()} == {
+        nid: f"http://{host}:{port}" for nid, (host, port) in moved.items()}
+    assert {nid: info.public_key for nid, info in roster.nodes.items()} == keys
+    configs = [load_node_config(p) for p in paths]
+    assert [(c.host, c.port) for c in configs] == list(moved.values())
+    assert configs[0].peers["node-2"].url == "http://10.0.0.3:9002"

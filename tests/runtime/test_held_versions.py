@@ -98,3 +98,40 @@ def test_first_difference_finds_the_round_two_runs_part_in_and_ignores_bytes() -
     shorter = run(0.5)
     shorter["nodes"][0]["rounds"].pop()
     assert first_difference(run(0.5), shorter) == (3, ["node-0"])
+
+
+def test_a_version_every_reader_has_read_past_is_dropped_and_one_a_reader_may_still_ask_for_is_kept() -> None:
+    from p2pfl.runtime.transport.stores import PartStore, Published
+    from p2pfl.wire.body import encode_body
+
+    async def scenario_() -> list[list[int]]:
+        store = PartStore()
+        store.readers = frozenset({"a", "b"})
+        seen = []
+        for version in (1, 2, 3):
+            await store.publish(Published(version, version, {"full": encode_body({"w": torch.ones(4)})}, {}))
+        store.note_read("a", 3)
+        seen.append([p.version for p in store.recent])  # b has not asked: it may still ask for round 1
+        store.note_read("b", 2)
+        seen.append([p.version for p in store.recent])  # nobody asks below 2 again
+        seen.append([store.held(2).version])  # type: ignore[union-attr]  # b's next read: the same version as before
+        store.forget_reader("b")  # b said goodbye: only a's reads count
+        store.note_read("a", 4)
+        seen.append([p.version for p in store.recent])  # the latest always stays
+        return seen
+
+    assert asyncio.run(scenario_()) == [[1, 2, 3], [2, 3], [2], [3]]
+
+
+def test_without_declared_readers_nothing_is_dropped_early() -> None:
+    from p2pfl.runtime.transport.stores import PartStore, Published
+    from p2pfl.wire.body import encode_body
+
+    async def scenario_() -> list[int]:
+        store = PartStore()
+        for version in (1, 2, 3):
+            await store.publish(Published(version, version, {"full": encode_body({"w": torch.ones(4)})}, {}))
+        store.note_read("a", 3)
+        return [p.version for p in store.recent]
+
+    assert asyncio.run(scenario_()) == [1, 2, 3]

@@ -112,8 +112,8 @@ def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path
     assert sorted(p.name for p in (out_r / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
     assert "p2pfl.node-0 INFO listening on" in (out_r / "logs" / "worker-0.log").read_text()
     assert all((out_r / "nodes" / f"node-{i}.result.json").is_file() for i in range(4))
-    urls = tomllib.loads((out_r / "nodes" / "node-0.toml").read_text())["peers"]["node-1"]["url"]
-    assert urls.startswith("http://") and not urls.startswith("http://0.0.0.0")
+    urls = {e["id"]: e["url"] for e in tomllib.loads((out_r / "nodes" / "roster.toml").read_text())["node"]}
+    assert urls["node-1"].startswith("http://") and not urls["node-1"].startswith("http://0.0.0.0")
 
 
 def _ray_actor_pids() -> list[int]:
@@ -165,11 +165,11 @@ def test_a_ray_run_whose_actors_die_resumes_on_new_actors_with_no_round_lost(tmp
                                       public_hex=NodeKey.load(out / "keys" / f"{nid}.key").public_hex)
         assert document is not None and 2 <= document["round"] < 6, (nid, document and document["round"])
         first_life[nid] = document["rounds"]
-    old_peers = tomllib.loads((out / "nodes" / "node-0.toml").read_text())["peers"]
+    old_peers = {e.pop("id"): e for e in tomllib.loads((out / "nodes" / "roster.toml").read_text())["node"]}
 
     resumed, code = run_scenario(scenario, out, on_ray, progress=False, quiet=True, resume=True)
     assert code == 0, [(n["id"], n.get("error")) for n in resumed["nodes"]]
-    new_peers = tomllib.loads((out / "nodes" / "node-0.toml").read_text())["peers"]
+    new_peers = {e.pop("id"): e for e in tomllib.loads((out / "nodes" / "roster.toml").read_text())["node"]}
     # Same keys, new ports: the old actors' ports are gone.
     assert {p: v["public_key"] for p, v in new_peers.items()} == {p: v["public_key"] for p, v in old_peers.items()}
     assert [v["url"] for v in new_peers.values()] != [v["url"] for v in old_peers.values()]

@@ -27,9 +27,9 @@ def test_certificate_is_a_function_of_the_key() -> None:
 def test_nodes_run_over_tls_and_refuse_a_wrong_fingerprint(tmp_path: Path) -> None:
     path = write_tiny(tmp_path, nodes=3, rounds=1, samples=40, timeout=5.0, extra="")
     nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
-    configs = [tomllib.loads((tmp_path / "run" / "nodes" / f"{n.config.id}.toml").read_text()) for n in nodes]
-    assert all(p["url"].startswith("https://") and len(p["tls_fingerprint"]) == 64
-               for c in configs for p in c["peers"].values())
+    roster = tomllib.loads((tmp_path / "run" / "nodes" / "roster.toml").read_text())
+    assert len(roster["node"]) == 3
+    assert all(p["url"].startswith("https://") and len(p["tls_fingerprint"]) == 64 for p in roster["node"])
     # node-2 is told a wrong fingerprint for node-0: a man in the middle, as far as it can tell.
     nodes[2].endpoint._pins["node-0"] = pin("00" * 32)
     statuses: dict[str, object] = {}

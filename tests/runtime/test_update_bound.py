@@ -45,6 +45,29 @@ def test_a_part_outside_the_bound_lands_on_its_sphere_in_the_same_direction() ->
     assert bound_update(far, start, own_update=0.0, update_bound=3.0) is None  # no own step, no scale
 
 
+def test_the_flattened_bound_equals_the_bound_tensor_by_tensor_on_mixed_dtypes() -> None:
+    """The norms flatten a part into one float64 vector; against the per-tensor definition, with
+    float16 and float32 tensors, an empty one, one the start lacks, and integers left alone."""
+    g = torch.Generator().manual_seed(1)
+    start = {"w": torch.randn(5, 3, generator=g), "h": torch.randn(7, generator=g).half(),
+             "empty": torch.zeros(0), "n": torch.tensor([2])}
+    far = {"w": start["w"] + 50 * torch.randn(5, 3, generator=g), "h": (start["h"].float() + 9).half(),
+           "empty": torch.zeros(0), "n": torch.tensor([7]), "extra": torch.randn(2, generator=g)}
+    keys = ("w", "h")
+    by_hand = math.sqrt(sum(float(((far[k].double() - start[k].double()) ** 2).sum()) for k in keys))
+    assert update_norm(far, start) == pytest.approx(by_hand, rel=1e-12)
+    assert part_norm(far) == pytest.approx(math.sqrt(sum(float((far[k].double() ** 2).sum())
+                                                         for k in ("w", "h", "extra"))), rel=1e-12)
+    clipped, distance, bound = bound_update(far, start, own_update=1.0, update_bound=2.0)  # type: ignore[misc]
+    assert distance == pytest.approx(by_hand, rel=1e-12) and bound == 2.0
+    keep = bound / distance
+    for k in keys:
+        wanted = (start[k].double() + (far[k].double() - start[k].double()) * keep).to(far[k].dtype)
+        assert clipped[k].dtype == far[k].dtype and clipped[k].shape == far[k].shape
+        assert torch.equal(clipped[k], wanted)
+    assert clipped["extra"] is far["extra"] and clipped["n"] is far["n"]  # not in the start, or not floating
+
+
 @pytest.mark.parametrize("value", [0.5, -1.0, float("inf"), float("nan")])
 def test_a_wrong_update_bound_is_named(value: float) -> None:
     with pytest.raises(ConfigError) as err:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,6 +51,10 @@ class Transport(Protocol):
                       meta: Mapping[str, Any], addressed: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None) -> None:
         """Serve `parts` as this node's `version` until the next publish; `addressed` parts
         (part -> node -> tensors) each to its node only. "setup.*" parts have their own versions."""
+
+    def expect_readers(self, readers: Iterable[str]) -> None:
+        """Who reads this node's round parts (its neighbours), so that versions
+        all of them have read past can go."""
 
     async def sit_out(self, round_: int) -> None:
         """Answer `round_`'s reads at once with the last version: this node skips that round."""

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from p2pfl.runtime.accounting import CONTROL
@@ -117,6 +117,11 @@ class Carrier:
         store = self.setup_store if any(setup) else self.store
         await store.publish(Published(version, round_, bodies, dict(meta), addressed_bodies))
 
+    def expect_readers(self, readers: Iterable[str]) -> None:
+        """The peers that read this node's round parts (its neighbours): a
+        version every one of them has read past is no longer held."""
+        self.store.readers = frozenset(readers) - set(self.departed)
+
     async def sit_out(self, round_: int) -> None:
         await self.store.sit_out(round_)
 
@@ -132,6 +137,7 @@ class Carrier:
             published = await self.setup_store.wait_for_part(min_version, wait, part)
         else:
             published = await store.wait_for(min_version, wait)
+            store.note_read(requester, min_version)
         if published is None:
             if store.withdrawn:
                 raise Refused(410, f"{self.node_id} has withdrawn: it failed and serves nothing more")
@@ -186,6 +192,7 @@ class Carrier:
         if peer in self.departed:
             return
         self.departed[peer] = reason
+        self.store.forget_reader(peer)
         self.log.warning("%s said goodbye (%s); not waiting for it again", peer, reason or "no reason given")
         for task in self._inflight.pop(peer, set()):
             task.cancel()

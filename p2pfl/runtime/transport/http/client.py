@@ -8,7 +8,10 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from urllib.parse import quote
+
 import aiohttp
+from yarl import URL
 
 from p2pfl.runtime.accounting import CONTROL
 from p2pfl.runtime.transport.base import GOODBYE, MAX_WAIT_S
@@ -33,8 +36,12 @@ class HttpClient:
 
     async def _read_bounded(self: Endpoint, response: aiohttp.ClientResponse) -> bytes:
         limit = self.limits.max_message_bytes
-        if response.content_length is not None and response.content_length > limit:
-            raise ValueError(f"response of {response.content_length} bytes exceeds the limit of {limit}")
+        if response.content_length is not None:
+            if response.content_length > limit:
+                raise ValueError(f"response of {response.content_length} bytes exceeds the limit of {limit}")
+            # A declared length is read as one buffer (aiohttp stops at it): chunk by chunk cost a
+            # node as much as verifying the frame.
+            return await response.content.readexactly(response.content_length)
         chunks, size = [], 0
         async for chunk in response.content.iter_chunked(1 << 16):
             size += len(chunk)
@@ -48,13 +55,15 @@ class HttpClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         backoff = self.retry_s
-        url = f"{self.urls[peer]}/v1/parts/{part}"
+        base = f"{self.urls[peer]}/v1/parts/{quote(part, safe='')}?min_version={int(min_version)}&wait="
         while (remaining := deadline - loop.time()) > 0:
             # Long waits go as several reads: a server answers one read for at most MAX_WAIT_S.
-            params = {"min_version": str(min_version), "wait": f"{min(remaining, MAX_WAIT_S - 1):.3f}"}
+            # The query is written out and handed over encoded: yarl's query building was a tenth
+            # of a 1000-node worker's time.
+            url = URL(f"{base}{min(remaining, MAX_WAIT_S - 1):.3f}", encoded=True)
             auth = {AUTH_HEADER: request_for(self.key, self.node_id, peer, part, min_version, self.next_seq())}
             try:
-                async with self._session.get(url, params=params, headers=auth, ssl=self._ssl(peer),
+                async with self._session.get(url, headers=auth, ssl=self._ssl(peer),
                                              timeout=aiohttp.ClientTimeout(total=remaining + 10)) as resp:
                     if resp.status == 204:  # nothing published yet: the peer is still in its first round
                         await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
@@ -66,7 +75,8 @@ class HttpClient:
             except aiohttp.ServerFingerprintMismatch as exc:
                 self._pin_mismatch(peer, exc)
                 return None
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError):
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError,
+                    asyncio.IncompleteReadError):  # the connection closed before the declared length
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 2.0)
                 continue

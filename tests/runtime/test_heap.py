@@ -1,0 +1,37 @@
+"""A worker hands freed heap pages back (glibc's malloc_trim); elsewhere it says it cannot."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+# In a child whose glibc keeps every freed block (blocks of a model's size come from the heap,
+# and free() never trims it): what a worker's heap looks like after rounds of copies and frames.
+CHILD = r"""
+import json
+from p2pfl.runtime.heap import release_freed_memory
+
+def rss_kib():
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+blocks = [b"x" * (400 * 1024) for _ in range(400)]  # ~160 MB
+del blocks
+freed = rss_kib()
+released = release_freed_memory()
+print(json.dumps({"freed": freed, "after": rss_kib(), "released": released}))
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_freed_blocks_of_a_models_size_go_back_to_the_os() -> None:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, check=True)
+    got = json.loads(done.stdout)
+    assert got["released"]
+    assert got["after"] < got["freed"] - 100 * 1024, got  # at least 100 of the 160 MB came back
