@@ -1,7 +1,7 @@
 """The same FedAvg in Flower's simulation engine and in p2pfl: wall per round and peak memory.
 
     python benchmarks/flower_side_by_side.py [--clients 1000] [--fraction 0.1] [--rounds 4]
-        [--model cnn | --model benchmarks.flower_net:net] [--flower-python PATH] [--set key=value ...]
+        [--model cnn | --model flower_net:net] [--flower-python PATH] [--set key=value ...]
 
 Both sides take `scenarios/scale.toml` with `nodes = CLIENTS`: the same data (the 5000 MNIST
 samples, iid), the same partition (p2pfl's `build_partition`, node i = Flower's partition i),
@@ -12,7 +12,10 @@ the same model and local training (one epoch, batch 32, Adam 1e-3).
   averages. Flower's clients are tasks the engine starts for a round and drops after it.
 * p2pfl: shared placement, `runtime.participation = F` on a `regular:4` graph: every node is
   a serving process-resident peer with keys, and F of them train per round and average with
-  their neighbours.
+  their neighbours. Its rounds overlap (a node goes on once its neighbours' versions are
+  there, and one that sits a round out goes on at once), so its wall per round is the span of
+  all its rounds over their number, the first included; Flower's is the median time from one
+  round's start to the next after the first (which includes Ray's start).
 
 Flower runs in its own interpreter (`--flower-python`, default this one), so that
 `flwr[simulation]` never enters p2pfl's environment: it is a dependency of this script only
@@ -140,15 +143,17 @@ def run_p2pfl(overrides: list[str], fraction: float) -> dict[str, float]:
         results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True)
         wall = time.perf_counter() - began
     if code != 0:
-        raise SystemExit(f"the p2pfl side failed: {results['summary'].get('nodes_failed', [])[:5]}")
-    # A round's wall: from its first participant's start to its last participant's end.
-    by_round: dict[int, list[tuple[float, float]]] = {}
-    for node in results["nodes"]:
-        for r in node["rounds"]:
-            if r.get("participated", True):
-                by_round.setdefault(r["round"], []).append((r["started_at"], r["started_at"] + r["wall_s"]))
-    rounds = [max(e for _, e in spans) - min(s for s, _ in spans) for _, spans in sorted(by_round.items())]
-    return _summary(rounds, wall, memory.peak)
+        failed = [n for n in results["nodes"] if n.get("status") not in ("ok", "isolated")]
+        raise SystemExit(f"the p2pfl side failed: {[(n['id'], n.get('status'), str(n.get('error'))[-600:]) for n in failed[:3]]}")
+    # p2pfl's rounds have no common boundary: a node goes on as soon as its neighbours' versions
+    # are there, and one that sits a round out goes on at once, so rounds overlap. Its round is
+    # the span of all rounds (first start to last end) over their number, its first included.
+    spans = [(r["started_at"], r["started_at"] + r["wall_s"]) for node in results["nodes"] for r in node["rounds"]]
+    span = max(e for _, e in spans) - min(s for s, _ in spans)
+    first = [(s, e) for node in results["nodes"] for r in node["rounds"][:1] for s, e in
+             [(r["started_at"], r["started_at"] + r["wall_s"])] if r.get("participated", True)]
+    first_s = max(e for _, e in first) - min(s for s, _ in first) if first else float("nan")
+    return {"first_s": first_s, "round_s": span / scenario.rounds, "wall_s": wall, "peak_gb": memory.peak / 1e9}
 
 
 def _summary(rounds: list[float], wall_s: float, peak: int) -> dict[str, float]:
@@ -166,6 +171,9 @@ def main() -> None:
     parser.add_argument("--flower-python", default=sys.executable, help="the interpreter with flwr[simulation]")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    # Both sides, and the node workers p2pfl starts, import `flower_net` from this folder.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent),
+                                                          os.environ.get("PYTHONPATH")) if p)
     overrides = [*args.overrides, f"nodes={args.clients}", f"rounds={args.rounds}"]
     if args.model:
         overrides.append(f'model.name="{args.model}"')

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2pfl.assembly import assemble_node
+from p2pfl.assembly import HEAP_RELEASE_EVERY_S, assemble_node
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.node import Node
+from p2pfl.runtime.resources import release_periodically
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
 
@@ -99,7 +100,12 @@ def node_storages(node: Node) -> dict[str, dict[int, int]]:
 
 
 async def _run(nodes: list[Node]) -> list[dict[str, Any]]:
-    return list(await asyncio.gather(*(n.run() for n in nodes)))
+    # As a worker runs its share (p2pfl.assembly.host_nodes): freed heap pages go back as it goes.
+    trimming = asyncio.ensure_future(release_periodically(HEAP_RELEASE_EVERY_S))
+    try:
+        return list(await asyncio.gather(*(n.run() for n in nodes)))
+    finally:
+        trimming.cancel()
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.devices import data_to_device, node_device
-from p2pfl.runtime.heap import release_periodically
+from p2pfl.runtime.resources import raise_open_file_limit, release_periodically
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings
@@ -126,7 +126,7 @@ def node_settings(sc: Scenario) -> NodeSettings:
     )
 
 
-# A worker of many nodes returns freed heap pages this often (p2pfl.runtime.heap): at 1000 nodes
+# A worker of many nodes returns freed heap pages this often (p2pfl.runtime.resources): at 1000 nodes
 # its peak fell from 2.7 to 2.0 GB, at no cost in round time (`python benchmarks/scale.py`).
 HEAP_RELEASE_EVERY_S = 1.0
 
@@ -171,6 +171,7 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
 def run_worker(config_paths: Sequence[Path], resume: bool = False) -> int:
     """Run every node of `config_paths` in this process; exit status 1 if any of them failed."""
     logs.configure()
+    raise_open_file_limit()
     return exit_status(_hosting([load_node_config(p) for p in config_paths], resume))
 
 

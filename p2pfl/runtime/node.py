@@ -518,10 +518,14 @@ class Node:
                     )
                     goodbye = f"privacy budget exhausted before round {r}"
                     break
-                record = await (self.run_round(r) if takes_part(self.participation_rng, sc.participation)
-                                else self.sit_out(r))
+                participates = takes_part(self.participation_rng, sc.participation)
+                record = await (self.run_round(r) if participates else self.sit_out(r))
                 self.rounds.append(record)
-                await asyncio.to_thread(self.write_checkpoint, False)
+                if participates or not self.checkpoint_path.exists():
+                    # A round sat out changes no model: a resume replays it from the participation
+                    # stream the last checkpoint holds. At 10 % participation, checkpointing the
+                    # 900 of 1000 nodes that sat a round out cost more than the round's training.
+                    await asyncio.to_thread(self.write_checkpoint, False)
                 self.on_round({"id": cfg.id, **record})
             if status == "ok" and self._isolated():
                 status = "isolated"

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from p2pfl.runtime.transport.http import Endpoint
 
 
+CLOSE = {"Connection": "close"}
+
+
 class HttpClient:
     def _pin_mismatch(self: Endpoint, peer: str, exc: aiohttp.ServerFingerprintMismatch) -> None:
         """Whoever answered at `peer`'s address is not `peer`: nothing was sent, nothing is retried."""
@@ -122,7 +125,10 @@ class HttpClient:
     async def status_of(self: Endpoint, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
         assert self._session is not None
         try:
-            async with self._session.get(f"{self.urls[peer]}/v1/status", ssl=self._ssl(peer),
+            # A status poll's connection is not kept for reuse (`Connection: close`): at start-up
+            # a node polls every neighbour, and 500 nodes of a 20-regular graph in one process
+            # kept 10,000 idle connections (both ends: 20,000 sockets), past the open-file limit.
+            async with self._session.get(f"{self.urls[peer]}/v1/status", ssl=self._ssl(peer), headers=CLOSE,
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
                     return None

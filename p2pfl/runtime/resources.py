@@ -1,4 +1,7 @@
-"""Handing a worker's freed memory back to the operating system while its nodes run.
+"""What a process hosting many nodes asks of the operating system: its freed memory handed back
+while the nodes run, and room for a socket per neighbour.
+
+Memory:
 
 glibc keeps freed blocks for reuse, and after the first large block is freed it serves blocks
 of a model's size (hundreds of KB) from its heaps instead of fresh mappings. A worker whose
@@ -6,11 +9,16 @@ nodes each copy, encode and receive several such blocks a round then holds the h
 mark of every round's garbage: at 1000 nodes, about 2 MiB a node that nothing uses
 (`python benchmarks/node_memory.py`). `malloc_trim` returns those pages; elsewhere than on
 glibc this does nothing.
+
+Files: every node holds a listening socket and a connection per neighbour it reads or serves;
+500 nodes of a 20-regular graph in one process need over 20,000. `raise_open_file_limit`
+lifts the soft limit to the hard one, as servers do at start; past that, a node names the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -44,3 +52,17 @@ async def release_periodically(every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         await asyncio.to_thread(release_freed_memory)
+
+
+def raise_open_file_limit() -> int | None:
+    """The soft limit on open files raised to the hard one; the new soft limit (None where the
+    platform has no such limit)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

@@ -1,4 +1,4 @@
-"""A worker hands freed heap pages back (glibc's malloc_trim); elsewhere it says it cannot."""
+"""A worker hands freed heap pages back (glibc's malloc_trim) and lifts its open-file limit."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 # and free() never trims it): what a worker's heap looks like after rounds of copies and frames.
 CHILD = r"""
 import json
-from p2pfl.runtime.heap import release_freed_memory
+from p2pfl.runtime.resources import release_freed_memory
 
 def rss_kib():
     with open("/proc/self/status") as fh:
@@ -35,3 +35,14 @@ def test_freed_blocks_of_a_models_size_go_back_to_the_os() -> None:
     got = json.loads(done.stdout)
     assert got["released"]
     assert got["after"] < got["freed"] - 100 * 1024, got  # at least 100 of the 160 MB came back
+
+
+@pytest.mark.skipif(platform.system() == "Windows", reason="no RLIMIT_NOFILE")
+def test_the_open_file_limit_is_lifted_to_the_hard_one() -> None:
+    child = ("import resource; from p2pfl.runtime.resources import raise_open_file_limit; "
+             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+             "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard)); "
+             "print(raise_open_file_limit(), hard)")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    got, hard = map(int, done.stdout.split())
+    assert got == hard
