@@ -31,7 +31,7 @@ ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
 STATUS_POLLS_AT_ONCE = 8  # per node, while waiting for peers to come up
 # ... and per process: 500 nodes of a 20-regular graph, 8 polls each, held 8,000 sockets in
 # flight in one worker (twice that with the serving ends), past the open-file limit.
-STATUS_POLLS_PER_PROCESS = 64
+STATUS_POLLS_PER_PROCESS = 512
 STATUS_POLL_TIMEOUT_S = 5.0
 _PROCESS_GATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
