@@ -126,8 +126,9 @@ def node_settings(sc: Scenario) -> NodeSettings:
     )
 
 
-# A worker of many nodes returns freed heap pages this often (p2pfl.runtime.resources): at 1000 nodes
-# its peak fell from 2.7 to 2.0 GB, at no cost in round time (`python benchmarks/scale.py`).
+# A worker of many nodes returns freed heap pages this often (p2pfl.runtime.resources): the
+# 1000-node run's peak (both workers) fell from 5.0 to 4.4 GB, its round time within the spread
+# between runs (`python benchmarks/scale.py --nodes 1000`).
 HEAP_RELEASE_EVERY_S = 1.0
 
 

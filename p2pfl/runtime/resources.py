@@ -12,7 +12,8 @@ glibc this does nothing.
 
 Files: every node holds a listening socket and a connection per neighbour it reads or serves;
 500 nodes of a 20-regular graph in one process need over 20,000. `raise_open_file_limit`
-lifts the soft limit to the hard one, as servers do at start; past that, a node names the limit.
+lifts the soft limit to the hard one, as servers do at start; past the hard limit, nodes fail
+with `Too many open files`.
 """
 
 from __future__ import annotations

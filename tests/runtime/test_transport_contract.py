@@ -197,3 +197,30 @@ def test_the_documented_carrier_example_passes_the_contract(tmp_path, monkeypatc
             await test_a_published_part_is_fetched_verified_and_counted_alike.case(pair)
 
     asyncio.run(body())
+
+
+def test_nodes_of_one_process_poll_statuses_a_bounded_number_at_a_time(monkeypatch) -> None:
+    """Every carrier on one event loop (a worker's nodes) shares one gate for status polls."""
+    import types
+
+    from p2pfl.runtime.transport import base
+
+    monkeypatch.setattr(base, "STATUS_POLLS_PER_PROCESS", 3)
+    in_flight, most = 0, 0
+
+    async def status_of(peer: str, timeout: float = 2.0) -> dict:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return {"id": peer}
+
+    nodes = [types.SimpleNamespace(status_of=status_of) for _ in range(4)]
+
+    async def everyone() -> list:
+        return await asyncio.gather(*(base.Carrier._statuses(n, [f"p{i}" for i in range(8)], 1.0) for n in nodes))
+
+    answers = asyncio.run(everyone())
+    assert all(a == [{"id": f"p{i}"} for i in range(8)] for a in answers)
+    assert most == 3  # 4 nodes x 8 polls (8 at once per node), at most 3 in the process

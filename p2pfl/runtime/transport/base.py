@@ -29,10 +29,14 @@ if TYPE_CHECKING:
 
 ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
 STATUS_POLLS_AT_ONCE = 8  # per node, while waiting for peers to come up
-# ... and per process: 500 nodes of a 20-regular graph, 8 polls each, held 8,000 sockets in
-# flight in one worker (twice that with the serving ends), past the open-file limit.
+# ... and per process: 500 nodes of a 20-regular graph, 8 polls each, would hold 8,000 sockets
+# in flight in one worker (twice that with the serving ends) near the open-file limit.
 STATUS_POLLS_PER_PROCESS = 512
 STATUS_POLL_TIMEOUT_S = 5.0
+REJECTED = "rejected"  # bytes of messages that failed validation still crossed the wire
+GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
+MAX_WAIT_S = 600.0
+MAX_VERSION = 2**62
 _PROCESS_GATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
@@ -43,10 +47,6 @@ def _process_gate() -> asyncio.Semaphore:
     if gate is None:
         gate = _PROCESS_GATES[loop] = asyncio.Semaphore(STATUS_POLLS_PER_PROCESS)
     return gate
-REJECTED = "rejected"  # bytes of messages that failed validation still crossed the wire
-GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
-MAX_WAIT_S = 600.0
-MAX_VERSION = 2**62
 
 
 class NotAccepted(WireError):
