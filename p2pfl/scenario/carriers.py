@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from collections.abc import Mapping
 
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.peers import PeerInfo
+from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo
 from p2pfl.runtime.tls import server_context
 from p2pfl.runtime.transport import ServerLimits, Transport, TransportSettings, build_transport
 from p2pfl.scenario.schema import Scenario
 from p2pfl.wire import NodeKey, Roster, WireLimits
+
+
+def server_limits(sc: Scenario, node_id: str, peers: int) -> ServerLimits:
+    """What this endpoint's server grants. The coordinator is read by every node at once (each
+    long-polls for its reply while others still push): its open-connection cap grows with the
+    nodes, or at 1000 nodes the first 512 waiting readers shut the rest of the setup out."""
+    limits = ServerLimits(max_buffered_body_bytes=int(sc.runtime.buffered_mb * 2**20))
+    if node_id == COORDINATOR_ID:
+        limits = replace(limits, max_connections=max(limits.max_connections, 2 * peers + 64))
+    return limits
 
 
 def build_carrier(sc: Scenario, node_id: str, key: NodeKey, peers: Mapping[str, PeerInfo], counter: ByteCounter,
@@ -22,7 +33,7 @@ def build_carrier(sc: Scenario, node_id: str, key: NodeKey, peers: Mapping[str, 
         urls={pid: info.url for pid, info in peers.items()}, counter=counter,
         limits=WireLimits(max_message_bytes=int(rt.message_limit_mb * 2**20)),
         max_skew_s=rt.max_skew_s, retry_s=rt.connect_retry_s,
-        server_limits=ServerLimits(max_buffered_body_bytes=int(rt.buffered_mb * 2**20)),
+        server_limits=server_limits(sc, node_id, len(peers)),
         held_bytes=int(rt.held_mb * 2**20),
         tls=server_context(key, node_id) if rt.tls else None,
         pins={pid: info.tls_fingerprint for pid, info in peers.items() if info.tls_fingerprint},

@@ -224,3 +224,19 @@ def test_nodes_of_one_process_poll_statuses_a_bounded_number_at_a_time(monkeypat
     answers = asyncio.run(everyone())
     assert all(a == [{"id": f"p{i}"} for i in range(8)] for a in answers)
     assert most == 3  # 4 nodes x 8 polls (8 at once per node), at most 3 in the process
+
+
+def test_the_coordinators_connection_cap_grows_with_the_nodes_and_a_nodes_does_not(tmp_path) -> None:
+    from p2pfl.runtime.peers import COORDINATOR_ID
+    from p2pfl.runtime.transport import ServerLimits
+    from p2pfl.scenario.carriers import server_limits
+    from p2pfl.scenario.schema import load_scenario
+
+    from .helpers import write_tiny
+
+    sc = load_scenario(write_tiny(tmp_path, nodes=3))
+    default = ServerLimits().max_connections
+    # Every node long-polls the coordinator for its reply while the others still push.
+    assert server_limits(sc, COORDINATOR_ID, 1000).max_connections >= 2000
+    assert server_limits(sc, COORDINATOR_ID, 10).max_connections == default
+    assert server_limits(sc, "node-0", 1000).max_connections == default
