@@ -52,7 +52,8 @@ class ClaimRefused(ValueError):
 # (a node bounds every peer's part each round; per tensor, the small ops' overhead was the cost).
 
 def _flat64(tensors: Sequence[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if len(tensors) > 1 else tensors[0].detach().reshape(-1)
+    """A new float64 vector (`cat` always copies): callers change it in place, never a peer's part."""
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
     return flat.to(device or flat.device, torch.float64)
 
 

@@ -68,6 +68,18 @@ def test_the_flattened_bound_equals_the_bound_tensor_by_tensor_on_mixed_dtypes()
     assert clipped["extra"] is far["extra"] and clipped["n"] is far["n"]  # not in the start, or not floating
 
 
+def test_bounding_a_float64_part_of_one_tensor_changes_neither_it_nor_the_start() -> None:
+    start = {"w": torch.zeros(4, dtype=torch.float64)}
+    far = {"w": torch.full((4,), 10.0, dtype=torch.float64)}
+    near = {"w": torch.full((4,), 0.1, dtype=torch.float64)}
+    assert bound_update(near, start, own_update=1.0, update_bound=1.0) is None
+    clipped, _, _ = bound_update(far, start, own_update=1.0, update_bound=1.0)  # type: ignore[misc]
+    assert float(clipped["w"].norm()) == pytest.approx(1.0)
+    assert torch.equal(near["w"], torch.full((4,), 0.1, dtype=torch.float64))  # kept as sent
+    assert torch.equal(far["w"], torch.full((4,), 10.0, dtype=torch.float64))
+    assert torch.equal(start["w"], torch.zeros(4, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("value", [0.5, -1.0, float("inf"), float("nan")])
 def test_a_wrong_update_bound_is_named(value: float) -> None:
     with pytest.raises(ConfigError) as err:
