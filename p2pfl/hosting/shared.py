@@ -15,6 +15,9 @@ class SharedHosting(ProcessHosting):
         self.workers = workers
 
     def plan(self, node_paths: list[Path]) -> dict[str, list[Path]]:
-        """Nodes dealt round-robin over the workers."""
+        """Consecutive runs of `node_paths`, one a worker, as even as can be. The launcher lists
+        the nodes in the topology's locality order (`Topology.locality_order`), so that most
+        neighbours share a worker."""
         workers = min(self.workers or os.cpu_count() or 1, len(node_paths))
-        return {f"worker-{w}": node_paths[w::workers] for w in range(workers)}
+        bounds = [len(node_paths) * w // workers for w in range(workers + 1)]
+        return {f"worker-{w}": node_paths[bounds[w]:bounds[w + 1]] for w in range(workers)}

@@ -31,6 +31,7 @@ from p2pfl.runtime.roster import ROSTER_FILE, load_roster, write_roster
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
+from p2pfl.runtime.topology import Topology
 from p2pfl.hosting import Hosting, hosting_for
 from p2pfl.hosting.ports import free_ports
 from p2pfl.hosting.process import spawn
@@ -249,8 +250,8 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
             elif addresses is not None:  # new hosts and ports (Ray's actors); the same keys
                 readdress_run_folder(scenario, out.resolve(),
                                      [*node_paths, *([coordinator_path] if coordinator_path else [])], addresses)
-            codes = asyncio.run(_run_hosts(scenario, out, node_paths, coordinator_path, progress, timeout_s, resume,
-                                           hosting, live_view))
+            codes = asyncio.run(_run_hosts(scenario, out, in_locality_order(scenario, node_paths), coordinator_path,
+                                           progress, timeout_s, resume, hosting, live_view))
         finally:
             hosting.close()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (p2pfl.cli.Terminated): the nodes are stopped by now
@@ -265,6 +266,17 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     if failed and not quiet:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
     return results, (1 if failed else 0)
+
+
+def in_locality_order(scenario: Scenario, node_paths: Sequence[Path]) -> list[Path]:
+    """The node configs in the topology's locality order where workers host runs of them
+    (placement "shared"), so that most neighbours share a worker; as given elsewhere."""
+    if scenario.runtime.placement != "shared":
+        return list(node_paths)
+    by_id = {p.stem: p for p in node_paths}
+    ids = node_ids(scenario.nodes)
+    order = Topology.parse(scenario.runtime.topology).locality_order(scenario.nodes, scenario.seed)
+    return [by_id[ids[i]] for i in order]
 
 
 def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_truth: Mapping[str, Any]) -> None:

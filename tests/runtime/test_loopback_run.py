@@ -1,4 +1,5 @@
-"""A whole run over the loopback carrier is the run over HTTP: same records, same parameter bytes."""
+"""A whole run over the loopback carrier, or over "colocated" (memory within a worker, HTTP between
+workers), is the run over HTTP: same records, same parameter bytes."""
 
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ def test_a_run_over_loopback_equals_the_run_over_http(tmp_path: Path) -> None:
         runs[carrier] = results
     assert first_difference(runs["http"], runs["loopback"]) is None
     for a, b in zip(runs["http"]["nodes"], runs["loopback"]["nodes"]):
+        assert a["totals"]["param_bytes_received"] == b["totals"]["param_bytes_received"] > 0
+
+
+def test_a_run_over_colocated_workers_equals_the_run_over_http(tmp_path: Path) -> None:
+    """Two workers: each node reaches the neighbours of its own worker in memory and the others over HTTP."""
+    path = write_tiny(tmp_path, nodes=4, rounds=2, samples=40)
+    two_workers = ('runtime.placement="shared"', "runtime.workers=2", 'runtime.topology="ring"')
+    runs = {}
+    for carrier in ("http", "colocated"):
+        results, code = run_scenario(path, tmp_path / carrier, (*two_workers, f'runtime.transport="{carrier}"'),
+                                     progress=False, quiet=True)
+        assert code == 0, results["summary"]
+        runs[carrier] = results
+    assert first_difference(runs["http"], runs["colocated"]) is None
+    for a, b in zip(runs["http"]["nodes"], runs["colocated"]["nodes"]):
         assert a["totals"]["param_bytes_received"] == b["totals"]["param_bytes_received"] > 0
 
 

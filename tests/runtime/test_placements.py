@@ -230,26 +230,26 @@ def test_a_worker_that_dies_fails_its_nodes_and_the_others_finish(tmp_path: Path
     out = (tmp_path / "run").resolve()
     killed: list[int] = []
 
-    def kill_worker_1_after_round_1() -> None:
+    def kill_the_worker_of_node_1_after_its_round_1() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (out / "checkpoints" / "node-1.p2pfl").exists():
             time.sleep(0.05)
-        for pid in _worker_pids(out, "node-1.toml"):  # worker-1 hosts node-1 and node-3
+        for pid in _worker_pids(out, "node-1.toml"):  # worker-0 hosts a run of the nodes: node-0 and node-1
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
-    killer = threading.Thread(target=kill_worker_1_after_round_1)
+    killer = threading.Thread(target=kill_the_worker_of_node_1_after_its_round_1)
     killer.start()
     results, code = run_scenario(scenario, out, ['runtime.placement="shared"', "runtime.workers=2", "runtime.linger_s=2"],
                                  progress=False, quiet=True)
     killer.join()
-    assert killed, "worker-1 was not found"
+    assert killed, "the worker of node-1 was not found"
     assert code == 1
     by_id = {n["id"]: n for n in results["nodes"]}
-    assert sorted(results["summary"]["nodes_failed"]) == ["node-1", "node-3"]
-    for nid in ("node-1", "node-3"):
+    assert sorted(results["summary"]["nodes_failed"]) == ["node-0", "node-1"]
+    for nid in ("node-0", "node-1"):
         assert by_id[nid]["status"] == "failed" and by_id[nid]["exit_code"] == -signal.SIGKILL
-    for nid in ("node-0", "node-2"):
+    for nid in ("node-2", "node-3"):
         assert by_id[nid]["status"] == "ok" and len(by_id[nid]["rounds"]) == 4
 
 

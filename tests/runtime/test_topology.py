@@ -69,3 +69,43 @@ def test_on_a_ring_fedavg_averages_with_its_two_neighbours_and_moves_fewer_bytes
     ring_sent = sum(n["totals"]["param_bytes_sent"] for n in ring["nodes"])
     assert ring_sent == pytest.approx(full_sent / 2, rel=0.05), (ring_sent, full_sent)  # 2 of 4 peers fetch
     assert json.loads((tmp_path / "ring" / "run" / "results.json").read_text())["topology"]["adjacency"] == adjacency
+
+
+@pytest.mark.parametrize("spec,nodes", [("regular:4", 200), ("regular:3", 130), ("ring", 50), ("small_world:4", 60),
+                                        ("full", 9)])
+def test_the_locality_order_is_a_seeded_permutation(spec: str, nodes: int) -> None:
+    topology = Topology.parse(spec)
+    order = topology.locality_order(nodes, seed=3)
+    assert sorted(order) == list(range(nodes))
+    assert order == topology.locality_order(nodes, seed=3)
+
+
+def _edges_between_halves(graph: nx.Graph, order: list[int]) -> float:
+    first = set(order[: len(order) // 2])
+    return sum((u in first) != (v in first) for u, v in graph.edges()) / graph.number_of_edges()
+
+
+def test_the_locality_order_keeps_most_neighbours_of_a_regular_graph_in_the_same_half() -> None:
+    topology = Topology.parse("regular:4")
+    graph = topology.graph(400, seed=0)
+    # Any split of a random order cuts about half of the edges; the order's halves far fewer.
+    assert _edges_between_halves(graph, list(range(400))) > 0.4
+    assert _edges_between_halves(graph, topology.locality_order(400, seed=0)) < 0.25
+    ring = Topology.parse("ring")
+    assert ring.locality_order(40, seed=0) == list(range(40))  # two edges between any two runs already
+
+
+def test_shared_workers_host_runs_of_the_locality_order(tmp_path: Path) -> None:
+    from p2pfl.hosting.shared import SharedHosting
+    from p2pfl.scenario.launcher import in_locality_order
+
+    paths = [tmp_path / f"node-{i}.toml" for i in range(10)]
+    plan = SharedHosting(torch_threads=1, workers=3).plan(paths)
+    assert [len(p) for p in plan.values()] == [3, 3, 4]
+    assert [p for run in plan.values() for p in run] == paths  # consecutive runs, every node once
+
+    scenario = load_scenario(write_tiny(tmp_path, nodes=10), ['runtime.placement="shared"', 'runtime.topology="regular:4"'])
+    ordered = in_locality_order(scenario, paths)
+    assert [int(p.stem.split("-")[1]) for p in ordered] == Topology.parse("regular:4").locality_order(10, scenario.seed)
+    one_each = load_scenario(write_tiny(tmp_path, nodes=10), ['runtime.topology="regular:4"'])
+    assert in_locality_order(one_each, paths) == paths  # one process per node: nothing to group

@@ -16,11 +16,13 @@ import torch
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.transport import (CARRIERS, ServerLimits, Transport, TransportSettings, build_transport,
                                      register_transport, transport_factory)
-from p2pfl.runtime.transport.loopback import LoopbackCarrier
+from p2pfl.runtime.transport.colocated import ColocatedEndpoint
+from p2pfl.runtime.transport.http import Endpoint
+from p2pfl.runtime.transport.loopback import InMemory, LoopbackCarrier
 from p2pfl.hosting.ports import free_ports
 from p2pfl.wire import NodeKey, Roster, WireLimits, encode
 
-CARRIERS_UNDER_TEST = ("http", "loopback")
+CARRIERS_UNDER_TEST = ("http", "loopback", "colocated")
 SPEC = {"w": ((3, 2), "float32")}
 W = torch.arange(6, dtype=torch.float32).reshape(3, 2)
 
@@ -28,8 +30,9 @@ W = torch.arange(6, dtype=torch.float32).reshape(3, 2)
 class Pair:
     """Two started carriers a and b that know each other, and whatever b received."""
 
-    def __init__(self, name: str, limits: ServerLimits = ServerLimits()) -> None:
+    def __init__(self, name: str, limits: ServerLimits = ServerLimits(), names: tuple[str, str] | None = None) -> None:
         self.name = name
+        names = names or (name, name)  # the carriers of a and b
         self.keys = {"a": NodeKey.generate(), "b": NodeKey.generate()}
         self.roster = Roster({n: k.public_hex for n, k in self.keys.items()})
         ports = free_ports(2, "127.0.0.1")
@@ -38,9 +41,9 @@ class Pair:
         self.counters = {n: ByteCounter() for n in "ab"}
         self.inbox: list[Any] = []
         self.carriers: dict[str, Transport] = {}
-        for n in "ab":
+        for n, carrier_name in zip("ab", names):
             other = "b" if n == "a" else "a"
-            carrier = build_transport(name, TransportSettings(
+            carrier = build_transport(carrier_name, TransportSettings(
                 node_id=n, key=self.keys[n], roster=self.roster, urls={other: self.urls[other]},
                 counter=self.counters[n], limits=WireLimits(max_message_bytes=2**20), retry_s=0.02,
                 server_limits=limits, log=logging.getLogger(f"contract.{n}")))
@@ -65,7 +68,7 @@ class Pair:
                 async with session.post(f"{self.urls['b']}/v1/inbox", data=frame) as resp:
                     return resp.status
         carrier = self.carriers["b"]
-        assert isinstance(carrier, LoopbackCarrier)
+        assert isinstance(carrier, InMemory)  # loopback, and colocated's peers of its own process
         return carrier.receive(frame)[0]
 
 
@@ -169,6 +172,31 @@ async def test_a_peer_that_is_not_up_is_silent_not_an_error(pair: Pair) -> None:
     assert await a.wait_until_up({"b"}, 0.3) == {"b"}
     assert await a.fetch("b", "full", 1, timeout=0.3) is None
     assert not await a.push("b", kind="stats", part="full", round_=1, version=1, tensors={"w": W}, meta={}, timeout=0.3)
+
+
+def test_colocated_reaches_its_process_in_memory_and_everyone_else_over_http() -> None:
+    async def body() -> None:
+        async with Pair("colocated") as pair:  # both in this process and loop: no socket between them
+            a, b = pair.carriers["a"], pair.carriers["b"]
+            assert isinstance(a, ColocatedEndpoint) and isinstance(b, ColocatedEndpoint)
+            await a.publish(1, 1, {"full": {"w": W}}, {})
+            assert await b.fetch("a", "full", 1, timeout=5) is not None
+            assert await b.push("a", kind="stats", part="full", round_=1, version=1, tensors={"w": W}, meta={}, timeout=5)
+            assert await b.status_of("a") == {"id": "a", "done": False}
+            assert not a.connections and not b.connections  # neither server accepted a connection
+        # b a plain HTTP endpoint: as a node in another process, which colocated reaches over HTTP both ways.
+        async with Pair("colocated", names=("colocated", "http")) as pair:
+            a, b = pair.carriers["a"], pair.carriers["b"]
+            assert isinstance(b, Endpoint) and not isinstance(b, InMemory)
+            await b.publish(1, 1, {"full": {"w": W + 1}}, {})
+            fetched = await a.fetch("b", "full", 1, timeout=5)
+            assert fetched is not None and torch.equal(fetched.torch_tensors()["w"], W + 1)
+            await a.publish(1, 1, {"full": {"w": W}}, {})
+            assert await b.fetch("a", "full", 1, timeout=5) is not None
+            assert a.connections and b.connections  # over sockets
+            assert pair.counters["a"].totals()["bytes_received"] == pair.counters["b"].totals()["bytes_sent"]
+
+    asyncio.run(body())
 
 
 def test_carriers_are_found_by_name_and_unknown_ones_named() -> None:

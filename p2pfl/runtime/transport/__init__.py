@@ -8,6 +8,9 @@ name from `runtime.transport` (`build_transport`):
 * `"loopback"` (`p2pfl.runtime.transport.loopback`): the same sealed, signed and verified frames
   handed over in memory, between nodes of one process (placement "shared" with one worker, and
   tests). Bytes and rejections count as over HTTP; only the socket is gone.
+* `"colocated"` (`p2pfl.runtime.transport.colocated`): HTTP, except to peers started in the same
+  process and event loop, which it reaches in memory as loopback does (the workers of placement
+  "shared"): any placement, the coordinator and the LAN over HTTP as before.
 
 A new carrier is one module with a factory `(TransportSettings) -> Transport` (its class), registered by a
 line in `CARRIERS` below or named in a scenario as `runtime.transport = "pkg.module:factory"`;
@@ -101,6 +104,7 @@ TransportFactory = Callable[[TransportSettings], Transport]
 CARRIERS: dict[str, str] = {
     "http": "p2pfl.runtime.transport.http:Endpoint",
     "loopback": "p2pfl.runtime.transport.loopback:LoopbackCarrier",
+    "colocated": "p2pfl.runtime.transport.colocated:ColocatedEndpoint",
 }
 _BUILT: dict[str, TransportFactory] = {}
 

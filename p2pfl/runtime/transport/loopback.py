@@ -4,9 +4,11 @@ Every frame is sealed, signed and verified exactly as over HTTP (read tokens, re
 expected tensors, meta schema, the per-reader cap), and counted at its frame size, so a run's
 bytes and rejections are those of the HTTP carrier; only sockets, HTTP parsing and the
 connection guard are gone. Nodes find each other by the address in their roster
-("host:port", as the launcher writes it), in a directory of this process: a peer in another
-process is unreachable, so the scenario layer allows loopback only where every node shares one
-process and event loop (placement "shared" with one worker, and tests).
+("host:port", as the launcher writes it), in a directory of this process and event loop: a
+peer in another process is unreachable, so the scenario layer allows loopback only where every
+node shares one process and event loop (placement "shared" with one worker, and tests).
+`InMemory` is that handing-over on its own; the "colocated" carrier
+(`p2pfl.runtime.transport.colocated`) uses it for the peers of its process and HTTP for the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from p2pfl.wire.request import request_for, verify_request
 if TYPE_CHECKING:
     from p2pfl.runtime.transport import TransportSettings
 
-_DIRECTORY: dict[str, LoopbackCarrier] = {}  # "host:port" -> the started carrier there
+# (event loop, "host:port") -> the started carrier there: a carrier on another loop (a test's
+# second thread) awaits futures this loop cannot, so it is as far away as another process.
+_DIRECTORY: dict[tuple[asyncio.AbstractEventLoop, str], InMemory] = {}
 
 
 def address_of(url: str) -> str:
@@ -35,25 +39,28 @@ def address_of(url: str) -> str:
     return urlsplit(url if "://" in url else f"loopback://{url}").netloc
 
 
-class LoopbackCarrier(Carrier):
-    def __init__(self, settings: TransportSettings) -> None:
-        super().__init__(settings)
-        self.address: str | None = None
+class InMemory(Carrier):
+    """Serving and reaching the carriers of this process's directory: the moves of a carrier
+    whose medium is memory, each judged and counted as the HTTP carrier judges and counts it."""
 
-    async def start(self, host: str, port: int) -> None:
-        address = f"{host}:{port}"
+    address: tuple[asyncio.AbstractEventLoop, str] | None = None
+
+    def _register(self, host: str, port: int) -> None:
+        address = (asyncio.get_running_loop(), f"{host}:{port}")
         if address in _DIRECTORY:
-            raise OSError(f"loopback address {address} is in use by {_DIRECTORY[address].node_id}")
+            raise OSError(f"loopback address {address[1]} is in use by {_DIRECTORY[address].node_id}")
         _DIRECTORY[address] = self
         self.address = address
 
-    async def close(self) -> None:
+    def _unregister(self) -> None:
         if self.address is not None and _DIRECTORY.get(self.address) is self:
             del _DIRECTORY[self.address]
         self.address = None
 
-    def _peer(self, peer: str) -> LoopbackCarrier | None:
-        return _DIRECTORY.get(address_of(self.urls[peer]))
+    def _in_memory(self, peer: str) -> InMemory | None:
+        """The started carrier of `peer` in this process and on this event loop, if there is one."""
+        url = self.urls.get(peer)
+        return None if url is None else _DIRECTORY.get((asyncio.get_running_loop(), address_of(url)))
 
     # ---- what the other side does -----------------------------------------------------
     async def serve_read(self, token: str, part: str, min_version: int, wait: float) -> bytes:
@@ -74,7 +81,7 @@ class LoopbackCarrier(Carrier):
             frame = await self.answer_read(part, min_version, wait, requester)
         finally:
             self._reads_by_peer[requester] -= 1
-        data = b"".join(bytes(chunk) for chunk in frame.chunks)
+        data = b"".join(frame.chunks)  # one copy: the chunks are buffers of the published body
         self.counter.sent(part, frame.nbytes, frame.param_bytes)
         return data
 
@@ -102,12 +109,12 @@ class LoopbackCarrier(Carrier):
         return status, reason[:1000]
 
     # ---- what this side does ----------------------------------------------------------
-    async def _fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
+    async def _fetch_in_memory(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         backoff = self.retry_s
         while (remaining := deadline - loop.time()) > 0:
-            target = self._peer(peer)
+            target = self._in_memory(peer)
             if target is None:  # not started yet, or gone: as a refused connection
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 2.0)
@@ -128,14 +135,14 @@ class LoopbackCarrier(Carrier):
             return self.opened_answer(peer, part, data)
         return None
 
-    async def push(self, target: str, *, kind: str, part: str, round_: int, version: int,
-                   tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float) -> bool:
+    async def _push_in_memory(self, target: str, *, kind: str, part: str, round_: int, version: int,
+                              tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float) -> bool:
         body = await asyncio.to_thread(encode_body, tensors)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         backoff = self.retry_s
         while deadline - loop.time() > 0:
-            peer = self._peer(target)
+            peer = self._in_memory(target)
             if peer is None:
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 5.0)
@@ -150,11 +157,32 @@ class LoopbackCarrier(Carrier):
             return False
         return False
 
-    async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
-        target = self._peer(peer)
+    def _status_in_memory(self, peer: str) -> dict[str, Any] | None:
+        target = self._in_memory(peer)
         if target is None:
             return None
         data = json.dumps(target.status()).encode()
         self.counter.received(CONTROL, len(data), 0)
         return json.loads(data)
 
+
+class LoopbackCarrier(InMemory):
+    async def start(self, host: str, port: int) -> None:
+        self._register(host, port)
+
+    async def close(self) -> None:
+        self._unregister()
+
+    def _peer(self, peer: str) -> InMemory | None:
+        return self._in_memory(peer)
+
+    async def _fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
+        return await self._fetch_in_memory(peer, part, min_version, timeout)
+
+    async def push(self, target: str, *, kind: str, part: str, round_: int, version: int,
+                   tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float) -> bool:
+        return await self._push_in_memory(target, kind=kind, part=part, round_=round_, version=version,
+                                          tensors=tensors, meta=meta, timeout=timeout)
+
+    async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        return self._status_in_memory(peer)
