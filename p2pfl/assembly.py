@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import errno
+import gc
 import json
 import logging
 import sys
@@ -38,7 +39,7 @@ from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.devices import data_to_device, node_device
-from p2pfl.runtime.resources import raise_open_file_limit, release_periodically
+from p2pfl.runtime.resources import host_many_nodes, raise_open_file_limit, release_periodically
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings
@@ -122,7 +123,8 @@ def node_settings(sc: Scenario) -> NodeSettings:
         coordinator_wait_s=rt.coordinator_wait_s, setup_wait_s=rt.setup_wait_s, start_wait_s=rt.start_wait_s,
         linger_s=rt.linger_s, participation=rt.participation, accept_stale=rt.accept_stale,
         wire_precision=rt.wire_precision, max_weight_ratio=rt.max_weight_ratio, max_norm_ratio=rt.max_norm_ratio,
-        update_bound=rt.update_bound, update_refuse=rt.update_refuse, resolved=sc.to_dict(),
+        update_bound=rt.update_bound, update_refuse=rt.update_refuse, checkpoint_every=rt.checkpoint_every,
+        resolved=sc.to_dict(),
     )
 
 
@@ -142,9 +144,10 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
         key = (c.scenario, tuple(c.overrides))
         if key not in scenarios:
             scenarios[key] = load_scenario(c.scenario, c.overrides)
-    torch.set_num_threads(scenarios[(configs[0].scenario, tuple(configs[0].overrides))].runtime.torch_threads)
+    first = scenarios[(configs[0].scenario, tuple(configs[0].overrides))]
+    torch.set_num_threads(first.runtime.torch_threads)
 
-    async def run(config: NodeConfig) -> dict[str, Any]:
+    def build(config: NodeConfig) -> tuple[Node, RunFolder]:
         folder = RunFolder(config.out)
 
         def recorded(record: dict[str, Any]) -> None:
@@ -157,14 +160,25 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
             folder.scenario.write_text(json.dumps(node.settings.resolved, indent=2))
+        return node, folder
+
+    async def run(node: Node, folder: RunFolder) -> dict[str, Any]:
         result = await node.run()
-        folder.write_result(config.id, result)
+        folder.write_result(node.config.id, result)
         return result
 
-    trimming = asyncio.ensure_future(release_periodically(HEAP_RELEASE_EVERY_S)) if len(configs) > 1 else None
+    # Every node of the worker is built before any listens: built one by one as each started
+    # (building blocks the loop), the first nodes' round 1 also paid the last ones' building
+    # (500 nodes: 5-10 s), which the run counted as round time, not start-up.
+    trimming, thresholds = None, gc.get_threshold()
+    if len(configs) > 1:
+        host_many_nodes(asyncio.get_running_loop(), first.runtime.workers)
+        trimming = asyncio.ensure_future(release_periodically(HEAP_RELEASE_EVERY_S))
     try:
-        return list(await asyncio.gather(*(run(c) for c in configs)))
+        built = [build(c) for c in configs]
+        return list(await asyncio.gather(*(run(node, folder) for node, folder in built)))
     finally:
+        gc.set_threshold(*thresholds)
         if trimming is not None:
             trimming.cancel()
 

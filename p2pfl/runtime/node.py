@@ -477,8 +477,13 @@ class Node:
     def _refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
         """Keep the pre-aggregation model when the aggregate holds NaN or Inf (peers' values can
         be finite and still overflow a weighted sum); returns why, or None when it was fine."""
-        bad = [k for k, v in self.model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        if not bad:
+        floats = {k: v for k, v in self.model.state_dict().items() if v.is_floating_point() and v.numel()}
+        # A finite sum of every tensor means no NaN or Inf anywhere (either makes its sum
+        # non-finite): one check a round instead of a test per element and tensor.
+        if not floats or bool(torch.stack([v.sum(dtype=torch.float64) for v in floats.values()]).isfinite().all()):
+            return None
+        bad = [k for k, v in floats.items() if not bool(torch.isfinite(v).all())]
+        if not bad:  # a sum overflowed, every value finite
             return None
         self.model.load_state_dict(before)
         reason = f"aggregate has non-finite values in {len(bad)} tensors ({', '.join(bad[:3])}); kept the model from before it"
@@ -521,10 +526,7 @@ class Node:
                 participates = takes_part(self.participation_rng, sc.participation)
                 record = await (self.run_round(r) if participates else self.sit_out(r))
                 self.rounds.append(record)
-                if participates or not self.checkpoint_path.exists():
-                    # A round sat out changes no model: a resume replays it from the participation
-                    # stream the last checkpoint holds. At 10 % participation, checkpointing the
-                    # 900 of 1000 nodes that sat a round out cost more than the round's training.
+                if self._checkpoints_after(r, participates):
                     await asyncio.to_thread(self.write_checkpoint, False)
                 self.on_round({"id": cfg.id, **record})
             if status == "ok" and self._isolated():
@@ -563,6 +565,16 @@ class Node:
             # found none writes no round-0 one (the next --resume would silently start over).
             self.write_checkpoint()
         return result
+
+    def _checkpoints_after(self, r: int, participated: bool) -> bool:
+        """Whether round `r` ends with a checkpoint: a round taken part in whose number is a
+        multiple of `checkpoint_every`; and the first, so that a resume always has one to go on from.
+        A round sat out changes no model: a resume replays it from the participation stream the
+        last checkpoint holds (at 10 % participation, checkpointing the 900 of 1000 nodes that
+        sat a round out had cost more than the round's training)."""
+        if not self.checkpoint_path.exists():
+            return True
+        return participated and r % self.settings.checkpoint_every == 0
 
     def _rounds_alone(self) -> list[int]:
         """Rounds in which the node asked for peers that had not said goodbye and received nothing:

@@ -10,6 +10,14 @@ mark of every round's garbage: at 1000 nodes, about 2 MiB a node that nothing us
 (`python benchmarks/node_memory.py`). `malloc_trim` returns those pages; elsewhere than on
 glibc this does nothing.
 
+The interpreter: at its default thresholds Python's cycle collector ran every 700 allocations
+and, every so often, walked every object of every node in the process (6 % of a 1000-node
+worker's CPU under `perf`); a worker of many nodes collects its young objects every 100,000
+allocations instead. And asyncio's default pool (cores + 4 threads) had six threads in each of
+two workers on two cores contending for one interpreter lock per worker, the kernel switching
+between them (a third of the CPU was system time); a worker's share of the cores is enough
+threads for its nodes' training, two at least, so one node trains while another scores.
+
 Files: every node holds a listening socket and a connection per neighbour it reads or serves;
 500 nodes of a 20-regular graph in one process need over 20,000. `raise_open_file_limit`
 lifts the soft limit to the hard one, as servers do at start; past the hard limit, nodes fail
@@ -19,11 +27,16 @@ with `Too many open files`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
 import functools
+import gc
+import os
 from collections.abc import Callable
+
+MANY_NODES_GC_THRESHOLDS = (100_000, 50, 1000)
 
 
 @functools.cache
@@ -67,3 +80,14 @@ def raise_open_file_limit() -> int | None:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def host_many_nodes(loop: asyncio.AbstractEventLoop, workers: int) -> int:
+    """Settle this process to host many nodes as one of `workers` processes on this machine (0:
+    one per core): fewer cycle collections, and a pool of its share of the cores for the nodes'
+    training. Returns the pool's thread count."""
+    gc.set_threshold(*MANY_NODES_GC_THRESHOLDS)
+    cores = os.cpu_count() or 1
+    threads = max(2, cores // (workers or cores))
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="p2pfl-train"))
+    return threads

@@ -145,8 +145,13 @@ class RuntimeSpec:
     update_refuse: float = DEFAULT_UPDATE_REFUSE
     buffered_mb: float = 256.0        # bodies of pushes read at once, all senders together; beyond it: 429
     # The carrier between nodes (p2pfl.runtime.transport): "http" between processes and machines;
-    # "loopback" hands the same signed frames over in memory, for nodes that share one process.
+    # "loopback" hands the same signed frames over in memory, for nodes that share one process;
+    # "colocated" does so between nodes of one worker and uses HTTP for everyone else.
     transport: str = "http"
+    # A node checkpoints after a round it takes part in whose number is a multiple of this (and
+    # after its first round and at its end): a resume goes on from the last one, running the
+    # rounds after it again. At 1000 nodes a checkpoint a round cost a tenth of the round.
+    checkpoint_every: int = 1
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
@@ -187,6 +192,9 @@ class RuntimeSpec:
                                                    "runtime.placement = \"shared\" and runtime.workers = 1")
         if self.transport == "loopback" and self.tls:
             raise ConfigError("runtime.transport", "loopback has no sockets to encrypt: runtime.tls = true needs \"http\"")
+        if self.checkpoint_every < 1:
+            raise ConfigError("runtime.checkpoint_every", f"must be >= 1 (1: a checkpoint every round), "
+                                                          f"got {self.checkpoint_every}")
         if self.wire_precision not in WIRE_PRECISIONS:
             raise ConfigError("runtime.wire_precision",
                               f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")
@@ -194,7 +202,7 @@ class RuntimeSpec:
 
 # Runtime fields added after runs were published: at their defaults they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
-RUNTIME_ADDED = ("max_weight_ratio", "max_norm_ratio", "buffered_mb", "transport")
+RUNTIME_ADDED = ("max_weight_ratio", "max_norm_ratio", "buffered_mb", "transport", "checkpoint_every")
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,9 @@ class LocalTrainer:
         which is what peers aggregate.
         """
         epochs = self.config.epochs if epochs is None else epochs
-        model.to(self.device)
+        first = next(model.parameters(), None)
+        if first is None or first.device != self.device:  # `to` walks every module, as in `evaluate`
+            model.to(self.device)
         model.train()
         selected = list(model.parameters()) if params is None else list(params)
         selected_ids = {id(p) for p in selected}

@@ -46,3 +46,25 @@ def test_the_open_file_limit_is_lifted_to_the_hard_one() -> None:
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     got, hard = map(int, done.stdout.split())
     assert got == hard
+
+
+def test_a_worker_of_many_nodes_collects_less_often_and_trains_on_its_share_of_the_cores() -> None:
+    import asyncio
+    import gc
+
+    from p2pfl.runtime.resources import MANY_NODES_GC_THRESHOLDS, host_many_nodes
+
+    before = gc.get_threshold()
+
+    async def body() -> tuple[int, set[str]]:
+        threads = host_many_nodes(asyncio.get_running_loop(), workers=0)
+        names = await asyncio.gather(*(asyncio.to_thread(lambda: __import__("threading").current_thread().name)
+                                       for _ in range(8)))
+        return threads, set(names)
+
+    try:
+        threads, names = asyncio.run(body())
+        assert gc.get_threshold() == MANY_NODES_GC_THRESHOLDS
+    finally:
+        gc.set_threshold(*before)
+    assert threads == 2 and all(n.startswith("p2pfl-train") for n in names) and len(names) <= threads

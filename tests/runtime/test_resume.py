@@ -178,3 +178,32 @@ def test_resume_takes_the_stored_scenario_without_repeating_set(tmp_path: Path, 
     assert "differs from the scenario the run was started with (rounds, train.lr)" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="train.lr"):
         run_scenario(path, tmp_path / "run", ["train.lr=0.1"], progress=False, quiet=True, resume=True)
+
+
+def test_checkpoint_every_writes_the_first_round_its_multiples_and_the_end(tmp_path: Path, monkeypatch) -> None:
+    written: list[tuple[int, bool]] = []
+    original = Node.write_checkpoint
+
+    def recording(self: Node, durable: bool = True) -> None:
+        if self.config.id == "node-0":
+            written.append((len(self.rounds), durable))
+        original(self, durable)
+
+    monkeypatch.setattr(Node, "write_checkpoint", recording)
+    path = write_tiny(tmp_path, nodes=2, rounds=5, samples=40)
+    nodes, _ = build_in_process(path, tmp_path / "run", ("runtime.checkpoint_every=2",))
+    results, _, _ = run_in_process(nodes, None)
+    assert [r["status"] for r in results] == ["ok", "ok"]
+    # Round 1 (none yet), rounds 2 and 4, and the durable one at the end; not rounds 3 and 5.
+    assert written == [(1, False), (2, False), (4, False), (5, True)]
+    clone = assemble_node(nodes[0].config, scenario_of(nodes[0]), resume=True)
+    assert clone.restore() == 5
+
+
+def test_checkpoint_every_below_one_is_named() -> None:
+    from p2pfl.errors import ConfigError
+    from p2pfl.scenario.schema import RuntimeSpec
+
+    with pytest.raises(ConfigError, match="must be >= 1") as err:
+        RuntimeSpec(checkpoint_every=0)
+    assert err.value.field == "runtime.checkpoint_every"
