@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -29,9 +30,9 @@ from p2pfl.wire.request import request_for, verify_request
 if TYPE_CHECKING:
     from p2pfl.runtime.transport import TransportSettings
 
-# (event loop, "host:port") -> the started carrier there: a carrier on another loop (a test's
+# event loop -> "host:port" -> the started carrier there: a carrier on another loop (a test's
 # second thread) awaits futures this loop cannot, so it is as far away as another process.
-_DIRECTORY: dict[tuple[asyncio.AbstractEventLoop, str], InMemory] = {}
+_DIRECTORY: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, InMemory]] = weakref.WeakKeyDictionary()
 
 
 def address_of(url: str) -> str:
@@ -43,24 +44,27 @@ class InMemory(Carrier):
     """Serving and reaching the carriers of this process's directory: the moves of a carrier
     whose medium is memory, each judged and counted as the HTTP carrier judges and counts it."""
 
-    address: tuple[asyncio.AbstractEventLoop, str] | None = None
+    address: str | None = None
+    _directory: dict[str, InMemory] | None = None
 
     def _register(self, host: str, port: int) -> None:
-        address = (asyncio.get_running_loop(), f"{host}:{port}")
-        if address in _DIRECTORY:
-            raise OSError(f"loopback address {address[1]} is in use by {_DIRECTORY[address].node_id}")
-        _DIRECTORY[address] = self
-        self.address = address
+        directory = _DIRECTORY.setdefault(asyncio.get_running_loop(), {})
+        address = f"{host}:{port}"
+        if address in directory:
+            raise OSError(f"loopback address {address} is in use by {directory[address].node_id}")
+        directory[address] = self
+        self.address, self._directory = address, directory
 
     def _unregister(self) -> None:
-        if self.address is not None and _DIRECTORY.get(self.address) is self:
-            del _DIRECTORY[self.address]
-        self.address = None
+        if self.address is not None and self._directory is not None and self._directory.get(self.address) is self:
+            del self._directory[self.address]
+        self.address = self._directory = None
 
     def _in_memory(self, peer: str) -> InMemory | None:
         """The started carrier of `peer` in this process and on this event loop, if there is one."""
         url = self.urls.get(peer)
-        return None if url is None else _DIRECTORY.get((asyncio.get_running_loop(), address_of(url)))
+        directory = _DIRECTORY.get(asyncio.get_running_loop())
+        return None if url is None or directory is None else directory.get(address_of(url))
 
     # ---- what the other side does -----------------------------------------------------
     async def serve_read(self, token: str, part: str, min_version: int, wait: float) -> bytes:
