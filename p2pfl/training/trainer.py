@@ -175,6 +175,9 @@ class LocalTrainer:
                 self.privacy.release(trained)
             for p in frozen:
                 p.requires_grad_(True)
+            # The last step's gradients are read by nobody after the fit (each step starts by
+            # dropping them): held until the next round, they were a model's size per node.
+            model.zero_grad(set_to_none=True)
         return FitResult(loss=last_epoch_loss / max(last_epoch_n, 1), steps=steps, samples=samples)
 
     def warm_up(self, model: nn.Module, split: Any, eval_split: Any, eval_batch_size: int = 1024) -> None:
