@@ -17,32 +17,28 @@ from .helpers import write_tiny
 SHARED_ONE_WORKER = ('runtime.placement="shared"', "runtime.workers=1")
 
 
-def test_a_run_over_loopback_equals_the_run_over_http(tmp_path: Path) -> None:
-    path = write_tiny(tmp_path, nodes=3, rounds=2, samples=40)
+def _assert_the_run_over_http(tmp_path: Path, path: Path, carrier: str, placement: tuple[str, ...]) -> None:
+    """The run over `carrier` has the records and parameter bytes of the same run over HTTP."""
     runs = {}
-    for carrier in ("http", "loopback"):
-        results, code = run_scenario(path, tmp_path / carrier, (*SHARED_ONE_WORKER, f'runtime.transport="{carrier}"'),
+    for name in ("http", carrier):
+        results, code = run_scenario(path, tmp_path / name, (*placement, f'runtime.transport="{name}"'),
                                      progress=False, quiet=True)
         assert code == 0, results["summary"]
-        runs[carrier] = results
-    assert first_difference(runs["http"], runs["loopback"]) is None
-    for a, b in zip(runs["http"]["nodes"], runs["loopback"]["nodes"]):
+        runs[name] = results
+    assert first_difference(runs["http"], runs[carrier]) is None
+    for a, b in zip(runs["http"]["nodes"], runs[carrier]["nodes"]):
         assert a["totals"]["param_bytes_received"] == b["totals"]["param_bytes_received"] > 0
+
+
+def test_a_run_over_loopback_equals_the_run_over_http(tmp_path: Path) -> None:
+    _assert_the_run_over_http(tmp_path, write_tiny(tmp_path, nodes=3, rounds=2, samples=40), "loopback",
+                              SHARED_ONE_WORKER)
 
 
 def test_a_run_over_colocated_workers_equals_the_run_over_http(tmp_path: Path) -> None:
     """Two workers: each node reaches the neighbours of its own worker in memory and the others over HTTP."""
-    path = write_tiny(tmp_path, nodes=4, rounds=2, samples=40)
-    two_workers = ('runtime.placement="shared"', "runtime.workers=2", 'runtime.topology="ring"')
-    runs = {}
-    for carrier in ("http", "colocated"):
-        results, code = run_scenario(path, tmp_path / carrier, (*two_workers, f'runtime.transport="{carrier}"'),
-                                     progress=False, quiet=True)
-        assert code == 0, results["summary"]
-        runs[carrier] = results
-    assert first_difference(runs["http"], runs["colocated"]) is None
-    for a, b in zip(runs["http"]["nodes"], runs["colocated"]["nodes"]):
-        assert a["totals"]["param_bytes_received"] == b["totals"]["param_bytes_received"] > 0
+    _assert_the_run_over_http(tmp_path, write_tiny(tmp_path, nodes=4, rounds=2, samples=40), "colocated",
+                              ('runtime.placement="shared"', "runtime.workers=2", 'runtime.topology="ring"'))
 
 
 @pytest.mark.parametrize(("fields", "says"), [
