@@ -40,7 +40,7 @@ from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.devices import data_to_device, node_device
 from p2pfl.runtime.resources import host_many_nodes, raise_open_file_limit, release_periodically
-from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.run_folder import RecordAppender, RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.status import PROGRESS_PREFIX, exit_status
@@ -147,11 +147,12 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
     first = scenarios[(configs[0].scenario, tuple(configs[0].overrides))]
     torch.set_num_threads(first.runtime.torch_threads)
 
-    def build(config: NodeConfig) -> tuple[Node, RunFolder]:
+    def build(config: NodeConfig) -> tuple[Node, RunFolder, RecordAppender]:
         folder = RunFolder(config.out)
+        rounds_file = RecordAppender(folder.node_rounds(config.id))
 
         def recorded(record: dict[str, Any]) -> None:
-            folder.append_round(config.id, record)  # for a live view of the run
+            rounds_file.append(record)  # for a live view of the run
             if on_round is not None:
                 on_round(record)
 
@@ -160,10 +161,11 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
             folder.scenario.write_text(json.dumps(node.settings.resolved, indent=2))
-        return node, folder
+        return node, folder, rounds_file
 
-    async def run(node: Node, folder: RunFolder) -> dict[str, Any]:
-        result = await node.run()
+    async def run(node: Node, folder: RunFolder, rounds_file: RecordAppender) -> dict[str, Any]:
+        with rounds_file:
+            result = await node.run()
         folder.write_result(node.config.id, result)
         return result
 
@@ -176,7 +178,7 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
         trimming = asyncio.ensure_future(release_periodically(HEAP_RELEASE_EVERY_S))
     try:
         built = [build(c) for c in configs]
-        return list(await asyncio.gather(*(run(node, folder) for node, folder in built)))
+        return list(await asyncio.gather(*(run(node, folder, rounds_file) for node, folder, rounds_file in built)))
     finally:
         gc.set_threshold(*thresholds)
         if trimming is not None:

@@ -329,11 +329,13 @@ class RunningWeightedMean:
                 self._first[k] = v.detach()
             if not v.is_floating_point():
                 continue
-            term = v.detach().to(self._first[k].device, torch.float64) * weight
+            v = v.detach().to(self._first[k].device)
             if k in self._sum:
-                self._sum[k] += term
+                # In place, widened inside the kernel: no float64 copy of the state per add
+                # (a node folds every peer's model on its event loop).
+                self._sum[k].add_(v, alpha=weight)
             else:
-                self._sum[k] = term
+                self._sum[k] = v.to(torch.float64) * weight
         self.total += weight
         self.count += 1
 

@@ -26,12 +26,14 @@ from p2pfl.data import NodeData
 from p2pfl.models import SplitModel, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import (
+    AS_BUILT,
     CheckpointError,
     read_checkpoint,
     read_resumable,
     restore_run_state,
     run_state,
     save_checkpoint,
+    tensors_digest,
 )
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
@@ -138,6 +140,9 @@ class Node:
         self._own_updates: dict[str, float] = {}  # part -> how far this round's training moved it
         self.restarts: list[dict[str, Any]] = []  # each --resume of this node: after which round, when
         self.checkpoint_path = self.folder.checkpoint(config.id)
+        # What a checkpoint stores instead of a model that never changed (checkpoint.AS_BUILT).
+        self._built_digest = tensors_digest(self.checkpoint_tensors())
+        self._trained = False  # set by the first round taken part in, or a restored model
 
     # ---- endpoint callbacks ---------------------------------------------------------------
     def _expected(self, kind: str, part: str) -> dict[str, tuple[tuple[int, ...], str]] | None:
@@ -298,6 +303,8 @@ class Node:
         t0 = time.perf_counter()
         self.counter.begin_round(0)
         self.artefacts.begin_round(0)
+        if not _overrides(self.strategy, Strategy, "setup"):  # no thread for nothing (a worker starts hundreds of nodes)
+            return
         loop = asyncio.get_running_loop()
         self.ctx.exchange = NodeSetupExchange(self, loop)
         # A thread of its own: setup blocks on exchanges that need the loop's default executor
@@ -319,6 +326,7 @@ class Node:
         self.counter.begin_round(r)
         self.artefacts.begin_round(r)
         ctx.round_start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self._trained = True
         fit = await asyncio.to_thread(strategy.fit, ctx)
         clock.switch("privacy")
         if self.privacy is not None:
@@ -339,7 +347,7 @@ class Node:
             parts = {p: quantize(t, self.precision) for p, t in parts.items()}
             await self.endpoint.publish(r, r, parts, meta)
         clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
-        pushes = await asyncio.to_thread(strategy.pushes, ctx)
+        pushes = await asyncio.to_thread(strategy.pushes, ctx) if _overrides(strategy, Strategy, "pushes") else []
         clock.switch("exchange")
         await self.send_pushes(pushes, r)
         fetches, versions, sat_out = self._asked_of_neighbours(strategy.configure_fetch(ctx), r)
@@ -351,7 +359,7 @@ class Node:
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
         refused = self._refuse_non_finite(before)
         safeguard_record: dict[str, Any] = {}
-        if refused is None:
+        if refused is None and _overrides(self.safeguard, Safeguard, "after_aggregate"):
             safeguard_record = await asyncio.to_thread(self.safeguard.after_aggregate, self.model, before,
                                                        lambda model: self.trainer.evaluate(model, self.data.val))
         clock.switch("evaluate")
@@ -423,14 +431,11 @@ class Node:
 
     def _scored(self) -> tuple[float, float, float | None, Deployment]:
         """The model's test accuracy and loss, validation accuracy, and what the safeguard deploys."""
-        test_acc, test_loss = self.trainer.evaluate(self.model, self.data.test)
-        return test_acc, test_loss, self._val_acc(), self._deploy(test_acc, test_loss)
-
-    def _val_acc(self) -> float | None:
-        """The model's accuracy on the validation split (None where the node has none)."""
         if len(self.data.val) == 0:
-            return None
-        return self.trainer.evaluate(self.model, self.data.val)[0]
+            (test_acc, test_loss), val_acc = self.trainer.evaluate(self.model, self.data.test), None
+        else:
+            (test_acc, test_loss), (val_acc, _) = self.trainer.evaluate_together(self.model, [self.data.test, self.data.val])
+        return test_acc, test_loss, val_acc, self._deploy(test_acc, test_loss)
 
     def _deploy(self, federated_acc: float, federated_loss: float) -> Deployment:
         """Which model the node deploys now, and its test score (`p2pfl.runtime.safeguard`)."""
@@ -617,9 +622,13 @@ class Node:
         return {**part_spec(self.model, "full"), **self.safeguard.checkpoint_spec()}
 
     def write_checkpoint(self, durable: bool = True) -> None:
-        """`durable`: synced to disk (at the end); a round's checkpoint survives the process, not the machine."""
-        save_checkpoint(self.checkpoint_path, self.checkpoint_tensors(), key=self.key, node_id=self.config.id,
-                        round_=len(self.rounds), extra=self.checkpoint_state(), durable=durable)
+        """`durable`: synced to disk (at the end); a round's checkpoint survives the process, not the machine.
+        A model as built (no round taken part in) is stored as its digest (checkpoint.AS_BUILT)."""
+        tensors, state = self.checkpoint_tensors(), self.checkpoint_state()
+        if not self._trained and tensors_digest(tensors) == self._built_digest:
+            tensors, state = {}, {**state, AS_BUILT: self._built_digest}
+        save_checkpoint(self.checkpoint_path, tensors, key=self.key, node_id=self.config.id,
+                        round_=len(self.rounds), extra=state, durable=durable)
 
     def checkpoint_state_from_disk(self) -> dict[str, Any]:
         """The state document of this node's checkpoint, verified, without loading it."""
@@ -636,6 +645,10 @@ class Node:
                                       scenario=self.settings.resolved, rounds=self.settings.rounds,
                                       spec=self.checkpoint_spec())
         rounds = doc["rounds"]
+        as_built = doc.get(AS_BUILT) if not tensors else None
+        if as_built is not None and as_built != self._built_digest:
+            raise CheckpointError(f"checkpoint {path} holds the model as built, and this node builds another one "
+                                  "(a model factory that is not deterministic under torch.manual_seed?)")
         strategy = self.fresh_strategy()
         try:  # on a fresh strategy first: a state that does not fit leaves the node untouched
             strategy.load_state_dict(doc["strategy"])
@@ -647,7 +660,9 @@ class Node:
             raise CheckpointError(f"checkpoint {path}: state does not fit {self.settings.algorithm}: {exc!r}") from None
         self.strategy.load_state_dict(doc["strategy"])
         own = self.model.state_dict()
-        self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items() if k in own})
+        if as_built is None:  # else the model and the safeguard's are as this node built them
+            self.model.load_state_dict({k: v.to(self.device) for k, v in tensors.items() if k in own})
+            self._trained = True
         self.safeguard.restore({k: v for k, v in tensors.items() if k not in own}, doc["rng"], self.device)
         if self.privacy is not None:
             self.privacy.load_state_dict(doc["privacy"])
@@ -740,6 +755,12 @@ def epsilon_for_json(epsilon: float | None) -> float | str | None:
     if epsilon is not None and math.isinf(epsilon):
         return "inf"
     return epsilon
+
+
+def _overrides(obj: object, base: type, hook: str) -> bool:
+    """Whether `obj` does something in `hook`: the base class's is a no-op, not worth a thread hop
+    (each is tens of microseconds, and a worker runs thousands of rounds)."""
+    return getattr(type(obj), hook) is not getattr(base, hook)
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None] | None:

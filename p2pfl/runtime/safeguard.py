@@ -213,6 +213,7 @@ class LocalSafeguard(Safeguard):
 
     def restore(self, tensors: Mapping[str, torch.Tensor], rng: Mapping[str, Any], device: torch.device) -> None:
         n = len(LOCAL_REFERENCE_PREFIX)
-        self.reference.load_state_dict({k[n:]: v.to(device) for k, v in tensors.items()
-                                        if k.startswith(LOCAL_REFERENCE_PREFIX)})
+        local = {k[n:]: v.to(device) for k, v in tensors.items() if k.startswith(LOCAL_REFERENCE_PREFIX)}
+        if local:  # none in a checkpoint of the models as built (checkpoint.AS_BUILT): Local's is as built too
+            self.reference.load_state_dict(local)
         self.reference.trainer.generator.set_state(rng_state_from_hex(rng["local_reference"]))

@@ -88,20 +88,31 @@ def far_bounded_peers(nodes: list[Mapping[str, Any]], factor: float = FAR_BOUND_
                          lambda over: isinstance(over, (int, float)) and over >= factor)
 
 
+LISTED_PEERS = 10  # peers a warning names before "and N more"
+
+
 def bounded_warning(bounded: Mapping[str, int], node_rounds: int,
                     far: Mapping[str, int] | None = None) -> str | None:
     """Lines on the peers whose parts were pulled back within runtime.update_bound, or None: a
     warning for those far over it (`far`, node-rounds per peer), a note for the rest."""
     far = far or {}
     lines = []
+
+    def listing(counts: Mapping[str, int]) -> str:
+        """The most frequent peers first; at a thousand nodes the whole list is a page (results.json has it)."""
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{peer} ({count} of {node_rounds} node-rounds)" for peer, count in ranked[:LISTED_PEERS])
+        rest = len(ranked) - LISTED_PEERS
+        return shown + (f" and {rest} more peers (results.json's summary lists them all)" if rest > 0 else "")
+
     if far:
-        listed = ", ".join(f"{peer} ({count} of {node_rounds} node-rounds)" for peer, count in far.items())
+        listed = listing(far)
         lines.append(f"warning: parts at least {FAR_BOUND_FACTOR:g} times over runtime.update_bound of the "
                      f"receiving node's own update, pulled back: {listed}; a poisoning peer, or a model far from "
                      "all its neighbours: the round records' `peers_bounded` say how far")
     near = {peer: count for peer, count in bounded.items() if peer not in far}
     if near:
-        listed = ", ".join(f"{peer} ({count} of {node_rounds} node-rounds)" for peer, count in near.items())
+        listed = listing(near)
         lines.append(f"note: parts pulled back within runtime.update_bound, less than {FAR_BOUND_FACTOR:g} times "
                      f"over: {listed}; usual between honest nodes whose data differ (docs/security.md)")
     return "\n".join(lines) or None

@@ -251,3 +251,35 @@ def test_a_path_the_scenario_layer_did_not_read_is_a_clear_error_not_a_file_read
     strategy = build_strategy("client2vec", {"indices_from": str(tmp_path / "seed{seed}" / "results.json")})
     with pytest.raises(RuntimeError, match="was not read: the scenario layer reads it"):
         strategy.setup(make_ctx())
+
+
+def test_a_small_node_uploads_every_pair_and_the_coordinator_trains_on_each_once() -> None:
+    import numpy as np
+
+    from p2pfl.algorithms.client2vec import Client2VecHalf
+    from p2pfl.algorithms.client2vec.index import BATCH, distinct_pairs, upload_rows
+    from p2pfl.runtime.strategy import CoordinatorEnv, Submission
+
+    rng = np.random.default_rng(0)
+    full = upload_rows(500, rng)
+    assert len(full) == BATCH and len(set(full.tolist())) == BATCH  # a full node: distinct rows, as before
+    small = upload_rows(3, rng)
+    assert len(small) == BATCH and set(small.tolist()) == {0, 1, 2}  # every pair at least once
+
+    g = torch.Generator().manual_seed(0)
+    d, lab = torch.randn(3, 16, generator=g), torch.randn(3, 16, generator=g)
+    rows = torch.as_tensor(small)
+    kept_d, kept_l = distinct_pairs(d[rows], lab[rows])
+    first_seen = list(dict.fromkeys(small.tolist()))  # by hand: each pair once, in order of appearance
+    assert torch.equal(kept_d, d[first_seen]) and torch.equal(kept_l, lab[first_seen])
+    # the same image under another label is another pair
+    twin_d, twin_l = distinct_pairs(torch.cat([d[:1], d[:1]]), torch.cat([lab[:1], lab[1:2]]))
+    assert len(twin_d) == 2 and torch.equal(twin_l, torch.cat([lab[:1], lab[1:2]]))
+
+    env = CoordinatorEnv(model=cnn(1, 8, CLASSES), rounds=1, seed=0, num_classes=CLASSES, nodes=("a", "b"))
+    half = Client2VecHalf(env, embed_dim=16, d_model=8, heads=2, layers=1, ff_dim=16, index_epochs=2)
+    many = Submission("a", {"d": torch.randn(128, 16, generator=g), "l": torch.randn(128, 16, generator=g)}, {"n_train": 200})
+    few = Submission("b", {"d": d[rows], "l": lab[rows]}, {"n_train": 3})
+    reply = half.setup([many, few])
+    assert reply.info["samples"] == 128 + 3 and reply.info["uploaded"] == 2 * 128
+    assert reply.info["steps"] == 2 * 2  # two epochs of ceil(131 / 128) batches, not of 256 rows

@@ -57,7 +57,9 @@ def test_global_strategy_builds_indices_through_the_coordinator(tmp_path):
     coordinator = results["coordinator"]
     assert coordinator["status"] == "ok" and coordinator["rounds"] == []
     setup = coordinator["setup"]
-    assert setup["submitted"] == ["node-0", "node-1", "node-2", "node-3"] and setup["info"]["samples"] == 4 * 128
+    assert setup["submitted"] == ["node-0", "node-1", "node-2", "node-3"] and setup["info"]["uploaded"] == 4 * 128
+    # a node of fewer than 128 pairs fills its upload with repeats; the coordinator trains on each pair once
+    assert setup["info"]["samples"] == sum(min(node["n_train"], 128) for node in results["nodes"])
     # the data-derived upload is counted: 128 x (512 + 512) float32 per node, at least
     assert setup["bytes_received"] >= 4 * 128 * 1024 * 4
     c2v = results["client2vec"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from pathlib import Path
 
 import aiohttp
@@ -41,6 +42,29 @@ def test_magnitude_bound_is_relative_to_the_own_part_with_a_floor_of_one() -> No
     check_magnitude("node-1", "head", {"w": torch.full((10,), 3.0)}, zeros, 1000.0)
     with pytest.raises(ClaimRefused):  # non-finite norms are never under a bound
         check_magnitude("node-1", "head", {"w": torch.tensor([float("inf")])}, zeros, 1000.0)
+
+
+def test_the_magnitude_screen_decides_as_the_float64_norm_does_at_the_bound() -> None:
+    """Parts are screened in float32 and measured in float64 only near the bound: the decision is
+    the float64 one on either side of it, and a float16 part whose squares overflow float16 is taken."""
+    w = torch.randn(100_000, generator=torch.Generator().manual_seed(3)) * 1e-3
+    exact = float(w.double().norm())
+    for factor in (0.99, 1 - 1e-4, 1 - 1e-9, 1.0, 1 + 1e-9, 1 + 1e-4, 1.01):
+        own = exact / factor  # the bound is max_norm_ratio (1) x the own norm (>= 1 below)
+        if own < 1.0:
+            own, part = own * 1e4, {"w": w * 1e4}
+        else:
+            part = {"w": w}
+        norm, bound = part_norm(part), own
+        if norm <= bound:
+            check_magnitude("node-1", "body", part, own, 1.0)
+        else:
+            with pytest.raises(ClaimRefused, match=re.escape(f"has norm {norm:.3g}")):
+                check_magnitude("node-1", "body", part, own, 1.0)
+    half = {"w": torch.full((50,), 300.0, dtype=torch.float16)}  # 300² is over float16's 65504
+    check_magnitude("node-1", "body", half, part_norm(half) * 1.01, 1.0)
+    with pytest.raises(ClaimRefused):
+        check_magnitude("node-1", "body", half, part_norm(half) * 0.999, 1.0)
 
 
 def test_n_train_is_pinned_at_first_sight_and_capped() -> None:

@@ -207,3 +207,30 @@ def test_checkpoint_every_below_one_is_named() -> None:
     with pytest.raises(ConfigError, match="must be >= 1") as err:
         RuntimeSpec(checkpoint_every=0)
     assert err.value.field == "runtime.checkpoint_every"
+
+
+def test_a_node_that_sat_out_every_round_checkpoints_its_model_as_built(tmp_path: Path) -> None:
+    """At 10 % participation most nodes have not trained yet when they first checkpoint: their
+    checkpoint holds the model's digest, not the model, and a resume rebuilds it."""
+    from p2pfl.runtime.checkpoint import AS_BUILT, read_checkpoint
+
+    path = write_tiny(tmp_path, nodes=6, rounds=2, samples=40)
+    nodes, _ = build_in_process(path, tmp_path / "run", ("runtime.participation=0.3",))
+    results, _, _ = run_in_process(nodes, None)
+    assert all(r["status"] in ("ok", "isolated") for r in results)
+    idle = [n for n in nodes if not any(x.get("participated", True) for x in n.rounds)]
+    busy = [n for n in nodes if any(x.get("participated", True) for x in n.rounds)]
+    assert idle and busy  # the seeded draws give both at this size
+    for node in nodes:
+        tensors, doc = read_checkpoint(node.checkpoint_path, node_id=node.config.id, public_hex=node.key.public_hex)
+        assert (tensors == {} and doc[AS_BUILT] == node._built_digest) if node in idle else \
+            (set(tensors) == set(node.model.state_dict()) and AS_BUILT not in doc)
+    node = idle[0]
+    clone = assemble_node(node.config, scenario_of(node), resume=True)
+    assert clone.restore() == 2 and clone.rounds == json.loads(json.dumps(node.rounds))
+    for k, v in node.model.state_dict().items():
+        assert torch.equal(clone.model.state_dict()[k], v), k
+    other = assemble_node(node.config, scenario_of(node), resume=True)
+    other._built_digest = "0" * 64  # a node whose model factory built something else
+    with pytest.raises(CheckpointError, match="holds the model as built"):
+        other.restore()

@@ -238,3 +238,11 @@ def test_honest_peers_pulled_back_a_little_get_a_note_not_a_warning() -> None:
     assert lines[1].startswith("note: ") and "node-1 (2 of 3 node-rounds), node-3 (1 of 3 node-rounds)" in lines[1]
     honest = bounded_warning({"node-1": 2}, 3, {})
     assert honest is not None and honest.startswith("note: ") and "warning" not in honest
+
+
+def test_a_thousand_nodes_pulled_back_are_named_ten_at_a_time() -> None:
+    near = {f"node-{i:03d}": 1 + i % 7 for i in range(1000)}
+    note = bounded_warning(near, 2000, {})
+    assert note is not None and note.count("node-rounds)") == 10 and "and 990 more peers" in note
+    assert "over: node-006 (7 of 2000 node-rounds), node-013 (7 of" in note  # the most frequent first
+    assert "more peers" not in bounded_warning({"node-1": 2}, 3, {})

@@ -45,3 +45,24 @@ def test_evaluate_leaves_a_training_model_in_training_mode() -> None:
     split = SimpleNamespace(x=torch.randn(100, 1, 28, 28), y=torch.randint(0, 10, (100,)))
     LocalTrainer(TrainConfig()).evaluate(model, split)
     assert model.training
+
+
+def test_splits_scored_together_match_one_sample_forward_passes_and_leave_the_mode() -> None:
+    torch.manual_seed(1)
+    model = build_model("cnn", 1, 28, 10)
+    model.train()
+    trainer = LocalTrainer(TrainConfig())
+    small = [SimpleNamespace(x=torch.randn(n, 1, 28, 28), y=torch.randint(0, 10, (n,))) for n in (1, 3, 7)]
+    large = [SimpleNamespace(x=torch.randn(n, 1, 28, 28), y=torch.randint(0, 10, (n,))) for n in (40, 30)]  # > 64 together
+    empty = SimpleNamespace(x=torch.zeros(0, 1, 28, 28), y=torch.zeros(0, dtype=torch.long))
+    for splits in (small, large, [small[0], empty]):
+        scores = trainer.evaluate_together(model, splits)
+        assert model.training  # eval mode only meanwhile
+        assert len(scores) == len(splits)
+        for (acc, loss), split in zip(scores, splits):
+            if len(split.y) == 0:
+                assert acc != acc and loss != loss  # NaN, as `evaluate` scores an empty split
+                continue
+            ref_acc, ref_loss, _ = _reference(model, split)
+            model.train()
+            assert acc == ref_acc and abs(loss - ref_loss) < 1e-5

@@ -49,6 +49,27 @@ def dsa_ign_config(embed_dim: int, d_model: int, heads: int, layers: int, ff_dim
                         losses=tuple(losses))
 
 
+def upload_rows(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Which of a node's `n` training pairs fill its BATCH rows: BATCH distinct ones where it has
+    them; otherwise every pair once, the remaining rows repeats (the upload has a fixed shape)."""
+    if n >= BATCH:
+        return rng.choice(n, size=BATCH, replace=False)
+    return np.concatenate([rng.permutation(n), rng.choice(n, size=BATCH - n, replace=True)])
+
+
+def distinct_pairs(d: torch.Tensor, label_embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of one upload without repeats, in the order of their first appearance.
+
+    A node with fewer than BATCH pairs repeats them to fill its upload. Trained on as sent, a node
+    of 3 pairs would weigh each 43 times as much as a full node does its own, repeats would be
+    their own negatives in L_div, and 1000 such nodes would make the coordinator train on 128,000
+    rows where there are 3,000."""
+    _, which = torch.unique(torch.cat([d, label_embedding], dim=1), dim=0, return_inverse=True)
+    first = torch.full((int(which.max()) + 1,), len(which)).scatter_reduce(0, which, torch.arange(len(which)), "amin")
+    keep = first.sort().values
+    return d[keep], label_embedding[keep]
+
+
 class Client2VecHalf(CoordinatorHalf):
     """The GLOBAL strategy's coordinator: trains DSA-IGN on every node's batch, once, before round 1."""
 
@@ -72,14 +93,16 @@ class Client2VecHalf(CoordinatorHalf):
         finite = [s for s in submissions if all(bool(torch.isfinite(s.state[k]).all()) for k in ("d", "l"))]
         if not finite:
             raise ValueError("every node's batch holds non-finite embeddings")
-        d = torch.cat([s.state["d"].float().cpu() for s in finite])
-        lab = torch.cat([s.state["l"].float().cpu() for s in finite])
+        distinct = [distinct_pairs(s.state["d"].float().cpu(), s.state["l"].float().cpu()) for s in finite]
+        d = torch.cat([pair[0] for pair in distinct])
+        lab = torch.cat([pair[1] for pair in distinct])
         torch.manual_seed(self.env.seed)
         model = DSAIGN(self.config)
         log = train_dsa_ign(model, d, lab, self.training, generator=torch.Generator().manual_seed(self.env.seed))
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return Reply(parts={setup_part("dsa_ign"): state},
-                     info={"samples": int(d.shape[0]), "steps": log.steps, "last_losses": log.last,
+                     info={"samples": int(d.shape[0]), "uploaded": BATCH * len(finite), "steps": log.steps,
+                           "last_losses": log.last,
                            "dropped_non_finite": sorted({s.node_id for s in submissions} - {s.node_id for s in finite}),
                            "seconds": time.perf_counter() - t0})
 
@@ -146,7 +169,7 @@ class IndexBuilding:
             own = client_index(model, d, lab, self.feature_mean)
             index_step = self.index_rounds + 1
         else:
-            rows = torch.as_tensor(ctx.rng.choice(len(d), size=BATCH, replace=len(d) < BATCH))
+            rows = torch.as_tensor(upload_rows(len(d), ctx.rng))
             ctx.log(f"{ctx.node_id}: sending {BATCH} image embeddings with their labels to the coordinator "
                     "(Client2Vec's global strategy; they are derived from the node's data)")
             ctx.exchange.push(1, [Push(COORDINATOR_ID, kind="batch", part="batch",
