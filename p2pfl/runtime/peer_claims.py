@@ -103,9 +103,10 @@ def _paired_keys(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.
 
 def _difference(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
                 keys: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(start, tensors − start) over `keys`, flattened, in float64 on `tensors`' device."""
+    """(start, tensors − start) over `keys`, flattened, on `tensors`' device: the difference in
+    float64, the start in its own dtype (widening inside `sub_` is exact: no float64 copy of it)."""
     moved = _flat64([tensors[k] for k in keys])
-    origin = _flat64([start[k] for k in keys], moved.device)
+    origin = torch.cat([start[k].detach().reshape(-1) for k in keys]).to(moved.device)
     return origin, moved.sub_(origin)
 
 
@@ -130,7 +131,7 @@ def bound_update(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.
     distance = float(torch.linalg.vector_norm(difference))
     if distance <= bound:
         return None
-    pulled = origin.add_(difference, alpha=bound / distance)
+    pulled = difference.mul_(bound / distance).add_(origin)  # start + (tensors − start)·(bound / distance), in float64
     dtypes = {tensors[k].dtype for k in keys}
     if len(dtypes) == 1:  # one conversion for the part, not one per tensor
         pulled = pulled.to(dtypes.pop())
