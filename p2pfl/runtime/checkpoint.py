@@ -24,7 +24,7 @@ import blake3
 import numpy as np
 import torch
 
-from p2pfl.wire import NodeKey, Roster, WireError, WireLimits, encode, open_message
+from p2pfl.wire import NodeKey, Roster, WireError, WireLimits, encode_body, open_message, seal_frame
 
 STATE_TENSOR = "__state__"
 # A checkpoint of a node whose model is still the one it was built with (it has sat out every
@@ -58,8 +58,9 @@ def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeK
     if extra is not None:
         document = json.dumps(finite_json({"format": FORMAT, **extra}), allow_nan=False).encode()
         tensors[STATE_TENSOR] = np.frombuffer(document, dtype=np.uint8)
-    frame = encode(key=key, kind="checkpoint", sender=node_id, recipient=node_id, round=round_, version=round_,
-                   seq=round_, part="full", meta={}, tensors=tensors)
+    # Written as the frame's buffers, one after another, not joined into one more copy first.
+    frame = seal_frame(key=key, kind="checkpoint", sender=node_id, recipient=node_id, round=round_, version=round_,
+                       seq=round_, part="full", meta={}, body=encode_body(tensors))
     path.parent.mkdir(parents=True, exist_ok=True)
     # One writer per checkpoint file at a time (its node); a fixed name per process and thread
     # spares mkstemp's random names in a folder of a thousand checkpoints.
@@ -67,7 +68,7 @@ def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeK
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(frame)
+            fh.writelines(frame.chunks)
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
