@@ -11,11 +11,13 @@ and round held up the threads that train (`python benchmarks/scale.py`).
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import hashlib
 import json
 import math
 import os
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -62,20 +64,55 @@ def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeK
     frame = seal_frame(key=key, kind="checkpoint", sender=node_id, recipient=node_id, round=round_, version=round_,
                        seq=round_, part="full", meta={}, body=encode_body(tensors))
     path.parent.mkdir(parents=True, exist_ok=True)
-    # One writer per checkpoint file at a time (its node); a fixed name per process and thread
-    # spares mkstemp's random names in a folder of a thousand checkpoints.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # One writer per checkpoint file at a time (its node). The new checkpoint is written to a
+    # swap file next to it and the two are exchanged in one step, so the file a reader opens is
+    # always whole; the swap file then holds the old checkpoint and is emptied, and its inode
+    # serves the next write. Renamed over the checkpoint instead, every write made a new inode
+    # and freed one: ext4's search for a free inode among those just freed was 6 % of a
+    # 1000-node run's CPU (`perf record -a`).
+    swap = path.with_name(f".{path.name}.swap")
+    fd = os.open(swap, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.writelines(frame.chunks)
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if path.exists() and _exchange(swap, path):
+            os.truncate(swap, 0)
+        else:  # the first checkpoint, or a system without renameat2's exchange
+            os.replace(swap, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        swap.unlink(missing_ok=True)
         raise
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux `renameat2(RENAME_EXCHANGE)`); False where the system or
+    the file system cannot, and nothing was changed."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+
+
+@functools.cache
+def _renameat2() -> Any:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc >= 2.28, or not Linux
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
 
 
 def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:

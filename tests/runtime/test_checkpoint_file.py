@@ -1,0 +1,72 @@
+"""Writing a checkpoint: the file a reader opens is whole at every moment, and rewriting it reuses one swap file."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2pfl.runtime import checkpoint
+from p2pfl.runtime.checkpoint import read_checkpoint, save_checkpoint
+from p2pfl.wire import NodeKey
+
+
+def _save(path: Path, key: NodeKey, value: float, round_: int) -> None:
+    save_checkpoint(path, {"w": torch.full((4,), value)}, key=key, node_id="node-0", round_=round_,
+                    extra={"round": round_}, durable=round_ % 2 == 0)
+
+
+def _read(path: Path, key: NodeKey) -> tuple[float, int]:
+    tensors, doc = read_checkpoint(path, node_id="node-0", public_hex=key.public_hex)
+    return float(tensors["w"][0]), doc["round"]
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_each_write_replaces_the_checkpoint_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool) -> None:
+    if not exchange:  # a system without renameat2's exchange: renamed over, as before
+        monkeypatch.setattr(checkpoint, "_exchange", lambda a, b: False)
+    key, path = NodeKey.generate(), tmp_path / "checkpoints" / "node-0.p2pfl"
+    swap = path.with_name(".node-0.p2pfl.swap")
+    for r in range(1, 4):
+        _save(path, key, float(r), r)
+        assert _read(path, key) == (float(r), r)
+    if exchange and checkpoint._renameat2() is not None:
+        assert swap.exists() and swap.stat().st_size == 0  # the old checkpoint, emptied; its inode serves the next write
+        inode = swap.stat().st_ino
+        _save(path, key, 4.0, 4)
+        assert path.stat().st_ino == inode  # no new file was made
+    else:
+        assert not swap.exists()
+
+
+def test_a_write_that_fails_halfway_leaves_the_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key, path = NodeKey.generate(), tmp_path / "node-0.p2pfl"
+    _save(path, key, 1.0, 1)
+    _save(path, key, 2.0, 2)
+    real_fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, fh: io.BufferedWriter) -> None:
+            self.fh = fh
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.fh.close()
+
+        def writelines(self, chunks: list[bytes]) -> None:
+            self.fh.write(bytes(chunks[0])[:10])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FullDisk(real_fdopen(fd, mode)))
+    with pytest.raises(OSError, match="No space"):
+        _save(path, key, 3.0, 3)
+    monkeypatch.undo()
+    assert _read(path, key) == (2.0, 2)
+    assert not path.with_name(".node-0.p2pfl.swap").exists()
+    _save(path, key, 4.0, 4)
+    assert _read(path, key) == (4.0, 4)
