@@ -2,9 +2,10 @@
 
 A checkpoint holds the model's tensors and, as one uint8 tensor `STATE_TENSOR`, a JSON
 document with everything else a node needs to go on where it stopped (round, round
-records, strategy and privacy state, random generators, replay windows). It is written
-atomically (temporary file, rename), so a process killed mid-write leaves the previous one.
-`durable` also syncs it to disk before the rename, so that it survives the machine going down;
+records, strategy and privacy state, random generators, replay windows); a model that never
+changed is held as its digest (`AS_BUILT`). It is written atomically (a swap file, exchanged
+with the checkpoint in one step), so a process killed mid-write leaves the previous one.
+`durable` also syncs it to disk before the exchange, so that it survives the machine going down;
 a node asks for that at its end, not each round: at 1000 nodes on one disk, a sync per node
 and round held up the threads that train (`python benchmarks/scale.py`).
 """

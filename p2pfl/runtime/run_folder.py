@@ -6,6 +6,7 @@
     RUN/nodes/<id>.result.json      what each node reports when it ends
     RUN/nodes/<id>.rounds.jsonl     each round's record as soon as the round ends
     RUN/checkpoints/<id>.p2pfl      signed checkpoints (--resume)
+    RUN/checkpoints/.<id>.p2pfl.swap   the next checkpoint is written here, then swapped in (empty between)
     RUN/artefacts/<id>.jsonl        strategies' larger per-round outputs (`ArtefactSink.save`)
     RUN/logs/<process>.log          one log per process
     RUN/results.json                the launcher's summary of all of it
