@@ -91,7 +91,7 @@ def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor],
     kept = _floating(tensors)
     if not kept or _certainly_within(kept, bound):
         return
-    norm = part_norm(tensors)
+    norm = float(torch.linalg.vector_norm(_flat64(kept)))  # part_norm, on the tensors already picked
     if not norm <= bound:
         raise ClaimRefused(f"{sender}/{part} has norm {norm:.3g}, over {max_norm_ratio:g} times this node's own "
                            f"({bound / max_norm_ratio:.3g}, bound {bound:.3g})")

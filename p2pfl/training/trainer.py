@@ -134,9 +134,7 @@ class LocalTrainer:
         which is what peers aggregate.
         """
         epochs = self.config.epochs if epochs is None else epochs
-        first = next(model.parameters(), None)
-        if first is None or first.device != self.device:  # `to` walks every module, as in `evaluate`
-            model.to(self.device)
+        self._on_device(model)
         model.train()
         selected = list(model.parameters()) if params is None else list(params)
         selected_ids = {id(p) for p in selected}
@@ -207,11 +205,8 @@ class LocalTrainer:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Any, batch_size: int = 1024) -> tuple[float, float]:
         """(accuracy, mean cross-entropy) of `model` on `split`."""
-        first = next(model.parameters(), None)
-        if first is None or first.device != self.device:  # `to` walks every module: a node scores four times a round
-            model.to(self.device)
+        self._on_device(model)
         return evaluate_logits(model, model, split, batch_size)
-
 
     @torch.no_grad()
     def evaluate_together(self, model: nn.Module, splits: list[Any]) -> list[tuple[float, float]]:
@@ -223,15 +218,20 @@ class LocalTrainer:
         if len(splits) < 2 or min(sizes) == 0 or sum(sizes) > CPU_EVAL_BATCH:
             return [self.evaluate(model, split) for split in splits]
         joined = _Joined(torch.cat([x for x, _ in tensors]), torch.cat([y for _, y in tensors]))
-        first = next(model.parameters(), None)
-        if first is None or first.device != self.device:
-            model.to(self.device)
+        self._on_device(model)
         [(logits, labels)] = list(_eval_batches(model, model, joined, sum(sizes)))
         scores = []
         for part_logits, part_labels in zip(logits.split(sizes), labels.split(sizes)):
             loss = float(nn.functional.cross_entropy(part_logits, part_labels, reduction="sum"))
             scores.append((int((part_logits.argmax(1) == part_labels).sum()) / len(part_labels), loss / len(part_labels)))
         return scores
+
+    def _on_device(self, model: nn.Module) -> None:
+        """`model` on this trainer's device; `to` walks every module, so only when it is elsewhere
+        (a node trains once and scores four times a round)."""
+        first = next(model.parameters(), None)
+        if first is None or first.device != self.device:
+            model.to(self.device)
 
 
 @dataclass(frozen=True)

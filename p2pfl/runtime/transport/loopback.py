@@ -177,9 +177,6 @@ class LoopbackCarrier(InMemory):
     async def close(self) -> None:
         self._unregister()
 
-    def _peer(self, peer: str) -> InMemory | None:
-        return self._in_memory(peer)
-
     async def _fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
         return await self._fetch_in_memory(peer, part, min_version, timeout)
 
