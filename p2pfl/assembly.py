@@ -162,6 +162,7 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
 
         node = assemble_node(config, scenarios[(config.scenario, tuple(config.overrides))], resume=resume,
                              on_round=recorded)
+        node.prepare()
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
             folder.scenario.write_text(json.dumps(node.settings.resolved, indent=2))

@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,24 +65,32 @@ def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeK
     frame = seal_frame(key=key, kind="checkpoint", sender=node_id, recipient=node_id, round=round_, version=round_,
                        seq=round_, part="full", meta={}, body=encode_body(tensors))
     path.parent.mkdir(parents=True, exist_ok=True)
-    # One writer per checkpoint file at a time (its node). The new checkpoint is written to a
-    # swap file next to it and the two are exchanged in one step, so the file a reader opens is
-    # always whole; the swap file then holds the old checkpoint and is emptied, and its inode
-    # serves the next write. Renamed over the checkpoint instead, every write made a new inode
-    # and freed one: ext4's search for a free inode among those just freed was 6 % of a
-    # 1000-node run's CPU (`perf record -a`).
+    write_swapped(path, frame.chunks, durable=durable)
+
+
+def write_swapped(path: Path, chunks: Sequence[bytes | memoryview], *, durable: bool) -> None:
+    """Replace the file at `path` by `chunks`, whole at every moment to a reader.
+
+    One writer per file at a time (a node, its checkpoint). The new content is written to a swap
+    file next to it and the two are exchanged in one step; the swap file then holds the previous
+    content, and the next write goes over it in place. Renamed over the file instead, every write
+    made a new inode and freed one (ext4's search for a free inode among those just freed was 6 %
+    of a 1000-node run's CPU, `perf record -a`); emptied after each exchange, every write freed
+    the file's blocks and page cache and allocated them again (`python benchmarks/checkpoint_write.py`)."""
     swap = path.with_name(f".{path.name}.swap")
-    fd = os.open(swap, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(swap, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.writelines(frame.chunks)
+            fh.writelines(chunks)
+            fh.truncate()  # what is left of a longer previous content
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
-        if path.exists() and _exchange(swap, path):
-            os.truncate(swap, 0)
-        else:  # the first checkpoint, or a system without renameat2's exchange
+        first = not path.exists()
+        if first or not _exchange(swap, path):  # the first write, or no renameat2 exchange
             os.replace(swap, path)
+            if first and _renameat2() is not None:  # made now, so that the next write (in a round) makes no file
+                swap.touch()
     except BaseException:
         swap.unlink(missing_ok=True)
         raise

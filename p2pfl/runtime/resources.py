@@ -7,8 +7,9 @@ glibc keeps freed blocks for reuse, and after the first large block is freed it 
 of a model's size (hundreds of KB) from its heaps instead of fresh mappings. A worker whose
 nodes each copy, encode and receive several such blocks a round then holds the high-water
 mark of every round's garbage: at 1000 nodes, about 2 MiB a node that nothing uses
-(`python benchmarks/node_memory.py`). `malloc_trim` returns those pages; elsewhere than on
-glibc this does nothing.
+(`python benchmarks/node_memory.py`). `malloc_trim` returns those pages, once a second; between
+two trims, freed blocks stay in the heap for the next ones (`keep_freed_blocks`) instead of being
+unmapped and mapped again page by page. Elsewhere than on glibc this does nothing.
 
 The interpreter: at its default thresholds Python's cycle collector ran every 700 allocations
 and, every so often, walked every object of every node in the process (6 % of a 1000-node
@@ -40,14 +41,40 @@ MANY_NODES_GC_THRESHOLDS = (100_000, 50, 1000)
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc(function: str) -> Callable[..., int] | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return ctypes.CDLL(name).malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
+        return getattr(ctypes.CDLL(name), function)  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return None
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    return _glibc("malloc_trim")
+
+
+# mallopt's parameters (glibc's malloc.h) and the values a worker of many nodes sets.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MANY_NODES_MMAP_THRESHOLD = 32 * 2**20  # glibc's largest on 64-bit systems
+MANY_NODES_TRIM_THRESHOLD = 2**30
+
+
+def keep_freed_blocks() -> bool:
+    """Serve blocks up to 32 MiB from the heap and keep freed ones there until the next
+    `release_freed_memory`; False where the C library has no mallopt.
+
+    By default glibc maps each block larger than its moving threshold afresh and unmaps it when
+    freed, and the kernel zeroes every page of the next one on first touch: a worker's nodes copy,
+    widen and train on blocks of a model's size, a little larger or smaller each time, and such
+    page faults were the largest share of a 1000-node run's system time (`perf record -a`).
+    `release_periodically` still hands the freed pages back every second."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MANY_NODES_MMAP_THRESHOLD)) and \
+        bool(mallopt(_M_TRIM_THRESHOLD, MANY_NODES_TRIM_THRESHOLD))
 
 
 def release_freed_memory() -> bool:
@@ -84,9 +111,10 @@ def raise_open_file_limit() -> int | None:
 
 def host_many_nodes(loop: asyncio.AbstractEventLoop, workers: int) -> int:
     """Settle this process to host many nodes as one of `workers` processes on this machine (0:
-    one per core): fewer cycle collections, and a pool of its share of the cores for the nodes'
-    training. Returns the pool's thread count."""
+    one per core): fewer cycle collections, freed blocks kept for reuse (`keep_freed_blocks`),
+    and a pool of its share of the cores for the nodes' training. Returns the pool's thread count."""
     gc.set_threshold(*MANY_NODES_GC_THRESHOLDS)
+    keep_freed_blocks()
     cores = os.cpu_count() or 1
     threads = max(2, cores // (workers or cores))
     loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="p2pfl-train"))

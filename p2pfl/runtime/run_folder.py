@@ -6,7 +6,7 @@
     RUN/nodes/<id>.result.json      what each node reports when it ends
     RUN/nodes/<id>.rounds.jsonl     each round's record as soon as the round ends
     RUN/checkpoints/<id>.p2pfl      signed checkpoints (--resume)
-    RUN/checkpoints/.<id>.p2pfl.swap   the next checkpoint is written here, then swapped in (empty between)
+    RUN/checkpoints/.<id>.p2pfl.swap   the previous checkpoint; the next is written over it, then swapped in
     RUN/artefacts/<id>.jsonl        strategies' larger per-round outputs (`ArtefactSink.save`)
     RUN/logs/<process>.log          one log per process
     RUN/results.json                the launcher's summary of all of it
@@ -135,12 +135,14 @@ def append_record(path: Path, record: Mapping[str, Any]) -> None:
 class RecordAppender:
     """`append_record` to one file that stays open between records: a worker of a thousand
     nodes appends a round record per node and round, and opening the file each time was most of
-    the cost. Closed by `close` (and as a context manager)."""
+    the cost. The file is opened (made) at once, with the node, not by its first round's record:
+    a thousand files made in round 1 were a share of its CPU. Closed by `close` (and as a context
+    manager); appending after that opens it again."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd: int | None = None
-        self._lead = b""
+        self._fd: int | None
+        self._fd, self._lead = _open_for_records(path)
 
     def append(self, record: Mapping[str, Any]) -> None:
         if self._fd is None:

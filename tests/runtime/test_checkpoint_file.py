@@ -1,4 +1,4 @@
-"""Writing a checkpoint: the file a reader opens is whole at every moment, and rewriting it reuses one swap file."""
+"""Writing a checkpoint: the file a reader opens is whole at every moment, and rewriting it goes over one swap file in place."""
 
 from __future__ import annotations
 
@@ -33,13 +33,25 @@ def test_each_write_replaces_the_checkpoint_whole(tmp_path: Path, monkeypatch: p
     for r in range(1, 4):
         _save(path, key, float(r), r)
         assert _read(path, key) == (float(r), r)
+        if r == 1 and exchange and checkpoint._renameat2() is not None:
+            assert swap.stat().st_size == 0  # made with the first checkpoint: the next write makes no file
     if exchange and checkpoint._renameat2() is not None:
-        assert swap.exists() and swap.stat().st_size == 0  # the old checkpoint, emptied; its inode serves the next write
+        assert _read(swap, key) == (2.0, 2)  # the previous checkpoint: the next write goes over it in place
         inode = swap.stat().st_ino
         _save(path, key, 4.0, 4)
         assert path.stat().st_ino == inode  # no new file was made
     else:
         assert not swap.exists()
+
+
+def test_a_shorter_checkpoint_over_a_longer_one_keeps_nothing_of_it(tmp_path: Path) -> None:
+    key, path = NodeKey.generate(), tmp_path / "node-0.p2pfl"
+    for round_, size in enumerate((1000, 10, 1000, 3, 2), start=1):  # the swap file held 1000 values, then 10
+        save_checkpoint(path, {"w": torch.full((size,), float(round_))}, key=key, node_id="node-0", round_=round_,
+                        extra={"round": round_}, durable=False)
+        tensors, doc = read_checkpoint(path, node_id="node-0", public_hex=key.public_hex)
+        assert tensors["w"].shape == (size,) and bool((tensors["w"] == round_).all()) and doc["round"] == round_
+    assert path.stat().st_size < 1000  # no tail of a longer checkpoint after the frame
 
 
 def test_a_write_that_fails_halfway_leaves_the_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,3 +58,34 @@ def test_sitting_out_neighbours_are_asked_for_their_last_version_and_never_waite
             if not after["participated"]:
                 assert after["test_acc"] == before["test_acc_aggregated"]
         assert sat or took
+
+
+def test_a_node_that_sits_rounds_out_scores_its_model_once_before_the_first_round(tmp_path: Path, monkeypatch) -> None:
+    """Sitting a round out is no work beyond serving: a node's model as built is scored once,
+    before round 1, and every round it sits out before it first trains reports those scores."""
+
+    from p2pfl.runtime.node import Node
+
+    calls: list[tuple[str, int]] = []
+    original = Node._model_scores
+
+    def counted(self: Node) -> tuple[float, float, float | None]:
+        calls.append((self.config.id, self.round))
+        return original(self)
+
+    monkeypatch.setattr(Node, "_model_scores", counted)
+    path = write_tiny(tmp_path, nodes=6, rounds=3, samples=60)
+    nodes, _ = build_in_process(path, tmp_path / "run", ("runtime.participation=0.3",))
+    built = {n.config.id: {k: v.clone() for k, v in n.model.state_dict().items()} for n in nodes}
+    results, _, _ = run_in_process(nodes, None)
+    assert all(r["status"] in ("ok", "isolated") for r in results)
+    late = [n for n in nodes if not n.rounds[0]["participated"]]
+    assert late  # the seeded draws leave nodes out of round 1 at this size
+    for node in nodes:
+        assert [r for i, r in calls if i == node.config.id].count(0) == 1  # once before round 1
+    for node in late:
+        waited = [x for x in node.rounds[:next((i for i, x in enumerate(node.rounds) if x["participated"]), 3)]]
+        assert not any(i == node.config.id and r in {x["round"] for x in waited} for i, r in calls)  # not in them
+        node.model.load_state_dict(built[node.config.id])
+        test_acc, test_loss = node.trainer.evaluate(node.model, node.data.test)
+        assert all(x["test_acc"] == test_acc and x["test_loss"] == test_loss for x in waited)

@@ -1,4 +1,4 @@
-"""A node's round records go through one open file: the same lines as `append_record`, opened once."""
+"""A node's round records go through one open file: the same lines as `append_record`, opened once, up front."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def test_an_appender_writes_what_append_record_writes_and_opens_the_file_once(tm
     for record in records:
         append_record(by_function, record)
     with RecordAppender(by_appender) as appender:
+        assert opened.count(str(by_appender)) == 1  # opened with the node, before its first round
         for record in records:
             appender.append(record)
     appender.close()  # twice is fine

@@ -180,7 +180,7 @@ def test_resume_takes_the_stored_scenario_without_repeating_set(tmp_path: Path, 
         run_scenario(path, tmp_path / "run", ["train.lr=0.1"], progress=False, quiet=True, resume=True)
 
 
-def test_checkpoint_every_writes_the_first_round_its_multiples_and_the_end(tmp_path: Path, monkeypatch) -> None:
+def test_checkpoint_every_writes_round_zero_its_multiples_and_the_end(tmp_path: Path, monkeypatch) -> None:
     written: list[tuple[int, bool]] = []
     original = Node.write_checkpoint
 
@@ -194,8 +194,8 @@ def test_checkpoint_every_writes_the_first_round_its_multiples_and_the_end(tmp_p
     nodes, _ = build_in_process(path, tmp_path / "run", ("runtime.checkpoint_every=2",))
     results, _, _ = run_in_process(nodes, None)
     assert [r["status"] for r in results] == ["ok", "ok"]
-    # Round 1 (none yet), rounds 2 and 4, and the durable one at the end; not rounds 3 and 5.
-    assert written == [(1, False), (2, False), (4, False), (5, True)]
+    # Round 0 (before the first round), rounds 2 and 4, and the durable one at the end; not 1, 3 and 5.
+    assert written == [(0, False), (2, False), (4, False), (5, True)]
     clone = assemble_node(nodes[0].config, scenario_of(nodes[0]), resume=True)
     assert clone.restore() == 5
 
@@ -234,3 +234,60 @@ def test_a_node_that_sat_out_every_round_checkpoints_its_model_as_built(tmp_path
     other._built_digest = "0" * 64  # a node whose model factory built something else
     with pytest.raises(CheckpointError, match="holds the model as built"):
         other.restore()
+
+
+def test_an_untrained_model_written_to_is_checkpointed_by_its_values(tmp_path: Path) -> None:
+    """The as-built shortcut trusts only unchanged write marks: a model written to in place (a
+    strategy's setup, say) before any round is stored as tensors; one written back to the same
+    values, or untouched, as its digest."""
+    from p2pfl.runtime.checkpoint import AS_BUILT, read_checkpoint
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    nodes, _ = build_in_process(path, tmp_path / "run")
+    untouched, changed = nodes
+
+    def stored(node: Node) -> tuple[dict[str, torch.Tensor], dict]:
+        node.write_checkpoint(False)
+        return read_checkpoint(node.checkpoint_path, node_id=node.config.id, public_hex=node.key.public_hex)
+
+    tensors, doc = stored(untouched)
+    assert tensors == {} and doc[AS_BUILT] == untouched._built_digest
+    first = next(iter(changed.model.parameters()))
+    with torch.no_grad():
+        first.mul_(2.0)  # in place: the digest would differ
+    tensors, doc = stored(changed)
+    assert AS_BUILT not in doc and torch.equal(tensors[next(iter(changed.model.state_dict()))], first.detach())
+    with torch.no_grad():
+        first.mul_(0.5)  # back to the values built (×2 then ×0.5 is exact): written to, and equal
+    tensors, doc = stored(changed)
+    assert tensors == {} and doc[AS_BUILT] == changed._built_digest
+    changed.model.load_state_dict({k: v.clone() + 1 for k, v in changed.model.state_dict().items()})
+    tensors, doc = stored(changed)
+    assert AS_BUILT not in doc and set(tensors) == set(changed.model.state_dict())
+
+
+def test_a_node_that_fails_in_round_one_resumes_from_round_zero(tmp_path: Path, monkeypatch) -> None:
+    """Every node checkpoints before its first round: one that fails in round 1 resumes from the
+    start (setup again, the model as built, no round), not with "no checkpoint"."""
+    from p2pfl.runtime.checkpoint import AS_BUILT, read_checkpoint
+
+    original = Node.run_round
+
+    async def failing(self: Node, r: int) -> dict:
+        if self.config.id == "node-0":
+            raise RuntimeError("killed in round 1")
+        return await original(self, r)
+
+    monkeypatch.setattr(Node, "run_round", failing)
+    path = write_tiny(tmp_path, nodes=2, rounds=2, samples=40, timeout=3.0)
+    nodes, _ = build_in_process(path, tmp_path / "run")
+    results, _, _ = run_in_process(nodes, None)
+    assert results[0]["status"] == "failed" and results[1]["status"] in ("ok", "isolated")
+    failed, finished = nodes
+    tensors, doc = read_checkpoint(failed.checkpoint_path, node_id="node-0", public_hex=failed.key.public_hex)
+    assert tensors == {} and doc["round"] == 0 and doc["rounds"] == [] and "setup" not in doc
+    assert doc[AS_BUILT] == failed._built_digest
+    clone = assemble_node(failed.config, scenario_of(failed), resume=True)
+    assert clone.restore() == 0 and clone.rounds == [] and not clone.setup_restored  # it sets up again
+    _, doc = read_checkpoint(finished.checkpoint_path, node_id="node-1", public_hex=finished.key.public_hex)
+    assert doc["round"] == 2 and "setup" in doc
