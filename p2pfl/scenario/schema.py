@@ -149,8 +149,8 @@ class RuntimeSpec:
     # "colocated" does so between nodes of one worker and uses HTTP for everyone else.
     transport: str = "http"
     # A node checkpoints after a round it takes part in whose number is a multiple of this (and
-    # after its first round and at its end): a resume goes on from the last one, running the
-    # rounds after it again. At 1000 nodes a checkpoint a round cost a tenth of the round.
+    # before its first round and at its end): a resume goes on from the last one, running the
+    # rounds after it again. At 1000 nodes a checkpoint a round is a share of the round's CPU.
     checkpoint_every: int = 1
 
     def __post_init__(self) -> None:
