@@ -90,7 +90,7 @@ def write_swapped(path: Path, chunks: Sequence[bytes | memoryview], *, durable: 
         if first or not _exchange(swap, path):  # the first write, or no renameat2 exchange
             os.replace(swap, path)
             if first and _renameat2() is not None:  # made now, so that the next write (in a round) makes no file
-                swap.touch()
+                swap.touch(mode=0o600)  # as private as the file it will become
     except BaseException:
         swap.unlink(missing_ok=True)
         raise

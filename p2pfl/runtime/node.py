@@ -706,7 +706,7 @@ class Node:
         if doc["rng"]["cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng_state_from_hex(doc["rng"]["cuda"]), self.device)
         restore_run_state(doc, self.endpoint.replay, self.counter)
-        if "setup" in doc:  # older checkpoints: set up again after restoring
+        if "setup" in doc:  # absent from round 0's checkpoint (before setup) and older ones: set up again
             self.setup_record, self.setup_restored = doc["setup"], True
             self.set_up = True
         self.rounds = rounds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,7 @@ def test_each_write_replaces_the_checkpoint_whole(tmp_path: Path, monkeypatch: p
         assert path.stat().st_ino == inode  # no new file was made
     else:
         assert not swap.exists()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # a node's state: private, whichever file it was written in
 
 
 def test_a_shorter_checkpoint_over_a_longer_one_keeps_nothing_of_it(tmp_path: Path) -> None:
