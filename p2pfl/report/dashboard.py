@@ -340,9 +340,7 @@ def dashboard_app(folder: Path, min_age_s: float = 1.0) -> web.Application:
 
 async def start_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050) -> web.AppRunner:
     """Serve the page for `folder` on this event loop; `await runner.cleanup()` stops it."""
-    # A page on the operator's machine: Ctrl-C stops it at once, not after aiohttp's default 60 s
-    # of waiting for open requests to finish (a CI run once waited that out after Ctrl-C).
-    runner = web.AppRunner(dashboard_app(folder), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(dashboard_app(folder), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
