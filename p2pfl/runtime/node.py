@@ -125,8 +125,7 @@ class Node:
             seed=settings.seed,
         )
         self.setup_record: dict[str, Any] | None = None
-        self.setup_restored = False
-        self.set_up = False  # Strategy.setup has run (or its outcome was restored): checkpoints carry it
+        self.set_up = False  # Strategy.setup has run, or its outcome was restored: checkpoints carry it
         self._prepared = False
         self.rounds: list[dict[str, Any]] = []
         self.participation_rng = participation_rng(parts.seed)
@@ -548,7 +547,7 @@ class Node:
                 self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
             if self.resume:
                 await self._republish()
-            if not self.setup_restored:
+            if not self.set_up:  # restored from a checkpoint taken after it
                 await self.run_setup()
             for r in range(first, sc.rounds + 1):
                 if self.privacy is not None and self.privacy.exhausted():
@@ -707,8 +706,7 @@ class Node:
             torch.cuda.set_rng_state(rng_state_from_hex(doc["rng"]["cuda"]), self.device)
         restore_run_state(doc, self.endpoint.replay, self.counter)
         if "setup" in doc:  # absent from round 0's checkpoint (before setup) and older ones: set up again
-            self.setup_record, self.setup_restored = doc["setup"], True
-            self.set_up = True
+            self.setup_record, self.set_up = doc["setup"], True
         self.rounds = rounds
         self.round = self.ctx.round = doc["round"]
         self.log.info("resumed from %s after round %d", path, self.round)

@@ -288,6 +288,6 @@ def test_a_node_that_fails_in_round_one_resumes_from_round_zero(tmp_path: Path, 
     assert tensors == {} and doc["round"] == 0 and doc["rounds"] == [] and "setup" not in doc
     assert doc[AS_BUILT] == failed._built_digest
     clone = assemble_node(failed.config, scenario_of(failed), resume=True)
-    assert clone.restore() == 0 and clone.rounds == [] and not clone.setup_restored  # it sets up again
+    assert clone.restore() == 0 and clone.rounds == [] and not clone.set_up  # it sets up again
     _, doc = read_checkpoint(finished.checkpoint_path, node_id="node-1", public_hex=finished.key.public_hex)
     assert doc["round"] == 2 and "setup" in doc
