@@ -171,7 +171,7 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
     async def run(node: Node, folder: RunFolder, rounds_file: RecordAppender) -> dict[str, Any]:
         with rounds_file:
             result = await node.run()
-        folder.write_result(node.config.id, result)
+        await asyncio.to_thread(folder.write_result, node.config.id, result)  # nodes still in a round share the loop
         return result
 
     # Every node of the worker is built before any listens: built one by one as each started

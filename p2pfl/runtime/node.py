@@ -598,7 +598,9 @@ class Node:
             # Again at exit, with the final byte totals (linger included); a failed round's
             # half-trained model never replaces the last good checkpoint, and a resume that
             # found none writes no round-0 one (the next --resume would silently start over).
-            self.write_checkpoint()
+            # Off the event loop: this write waits for the disk (synced), and nodes sharing the
+            # process may still be in their last round.
+            await asyncio.to_thread(self.write_checkpoint)
         return result
 
     def _checkpoints_after(self, r: int, participated: bool) -> bool:

@@ -27,6 +27,23 @@ def test_signature_is_deterministic_ed25519() -> None:
     assert key.sign(b"").hex().startswith("e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e06522490155")
 
 
+def test_signatures_interoperate_with_openssl() -> None:
+    """libsodium signs and verifies what OpenSSL does (`cryptography`, the library before it): a
+    node of this version and one of the last verify each other's messages."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = NodeKey.generate()
+    openssl = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(key.private_hex()))
+    roster = Roster({"node-a": key.public_hex})
+    for message in (b"", b"a header", bytes(range(256)) * 3):
+        openssl.public_key().verify(key.sign(message), message)  # raises if it does not verify
+        roster.verify("node-a", openssl.sign(message), message)
+        tampered = bytearray(openssl.sign(message))
+        tampered[0] ^= 1
+        with pytest.raises(BadSignature):
+            roster.verify("node-a", bytes(tampered), message)
+
+
 @pytest.mark.parametrize("bad", ["", "zz" * 32, "ab" * 31, "ab" * 33])
 def test_from_private_hex_rejects_bad_input(bad: str) -> None:
     with pytest.raises(ValueError):
