@@ -3,7 +3,7 @@
 Signatures are libsodium's (PyNaCl): standard Ed25519 (RFC 8032), in half the time of the
 OpenSSL build that `cryptography` wraps on this project's machines (a verification 54 µs against
 104, a signature 20 against 32; `python benchmarks/wire_signatures.py`), and a node of a
-thousand-node run signs or verifies about fourteen times a round. A key file holds the
+thousand-node run signs or verifies about eighteen times a round. A key file holds the
 32-byte seed as hex, as before."""
 
 from __future__ import annotations
