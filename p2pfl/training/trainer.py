@@ -115,9 +115,10 @@ class LocalTrainer:
         cfg = self.config
         params = [p for p in params if p.requires_grad]
         # `foreach`: each step's arithmetic over all parameters in one call. On the CPU torch's
-        # default is a Python loop of several ops per parameter: a quarter of the small CNN's
+        # default is a Python loop of several ops per parameter: about a tenth of the small CNN's
         # fit on one warm model, a few per cent where a worker trains hundreds of models in turn
-        # (docs/benchmarks.md). The parameters are bitwise those of the loop (tests/training/test_fit.py).
+        # (`python benchmarks/optimizer_step.py`). The parameters are bitwise those of the loop
+        # (tests/training/test_fit.py).
         if cfg.optimizer == "adam":
             return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=True)
