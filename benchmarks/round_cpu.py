@@ -51,7 +51,7 @@ STEPS: list[tuple[str, str, bool]] = [
 
 SITECUSTOMIZE = '''
 import atexit, functools, importlib, json, os, sys, time
-if sys.argv[1:2] == ["worker"] or "worker" in sys.argv[:3]:
+if "worker" in sys.argv[:3]:  # `python -m p2pfl worker ...`: not the launcher
     _tally = {}
     def _wrap(module, path):
         owner = importlib.import_module(module)

@@ -115,8 +115,8 @@ class LocalTrainer:
         cfg = self.config
         params = [p for p in params if p.requires_grad]
         # `foreach`: each step's arithmetic over all parameters in one call. On the CPU torch's
-        # default is a Python loop of several ops per parameter: about a tenth of the small CNN's
-        # fit on one warm model, a few per cent where a worker trains hundreds of models in turn
+        # default is a Python loop of several ops per parameter: a tenth to a fifth of the small
+        # CNN's fit, warm or over hundreds of models in turn as a worker trains them
         # (`python benchmarks/optimizer_step.py`). The parameters are bitwise those of the loop
         # (tests/training/test_fit.py).
         if cfg.optimizer == "adam":
