@@ -30,7 +30,8 @@ from p2pfl.algorithms import build_coordinator_half
 from p2pfl.data import build_partition
 from p2pfl.models import build_model, load_part, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.checkpoint import CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint
+from p2pfl.runtime.checkpoint import (CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint,
+                                     scenario_digest)
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
@@ -246,7 +247,7 @@ class Coordinator:
     # ---- checkpoints ----------------------------------------------------------------------
     def write_checkpoint(self) -> None:
         state = {
-            **run_state(self.config.id, self.scenario.to_dict(), self.rounds, self.endpoint.replay, self.counter.totals()),
+            **run_state(self.config.id, scenario_digest(self.scenario.to_dict()), self.rounds, self.endpoint.replay, self.counter.totals()),
             "aggregator": self.half.state_dict(), "expected": sorted(self.expected),
         }
         save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.key, node_id=self.config.id,

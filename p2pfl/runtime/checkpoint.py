@@ -54,12 +54,22 @@ def finite_json(value: Any) -> Any:
     return value
 
 
+def _strict_json(document: Mapping[str, Any]) -> str:
+    """`document` as strict JSON, every NaN and ±Inf as null (`finite_json`). Nearly every
+    document has none: it is encoded as it is, and walked in Python only when the encoder
+    refuses it (a non-finite float, or a mapping that is not a dict)."""
+    try:
+        return json.dumps(document, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps(finite_json(document), allow_nan=False)
+
+
 def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeKey, node_id: str, round_: int,
                     extra: Mapping[str, Any] | None = None, durable: bool = True) -> None:
     """Write the state signed by `node_id`."""
     tensors: dict[str, Any] = {k: v.detach().to("cpu") for k, v in state.items()}
     if extra is not None:
-        document = json.dumps(finite_json({"format": FORMAT, **extra}), allow_nan=False).encode()
+        document = _strict_json({"format": FORMAT, **extra}).encode()
         tensors[STATE_TENSOR] = np.frombuffer(document, dtype=np.uint8)
     # Written as the frame's buffers, one after another, not joined into one more copy first.
     frame = seal_frame(key=key, kind="checkpoint", sender=node_id, recipient=node_id, round=round_, version=round_,
@@ -191,10 +201,12 @@ def read_resumable(path: Path, *, node_id: str, public_hex: str, scenario: Mappi
     return tensors, doc
 
 
-def run_state(node_id: str, scenario: Mapping[str, Any], rounds: list[dict[str, Any]], replay: Any,
+def run_state(node_id: str, scenario: str, rounds: list[dict[str, Any]], replay: Any,
               totals: Mapping[str, int]) -> dict[str, Any]:
-    """The fields every resumable checkpoint holds (node or coordinator); callers add their own."""
-    return {"node": node_id, "scenario": scenario_digest(scenario), "round": len(rounds), "rounds": rounds,
+    """The fields every resumable checkpoint holds (node or coordinator); callers add their own.
+    `scenario`: the resolved scenario's `scenario_digest`, made once by the caller (it never
+    changes during a run, and a node writes a checkpoint every round)."""
+    return {"node": node_id, "scenario": scenario, "round": len(rounds), "rounds": rounds,
             "replay": replay.snapshot(), "totals": dict(totals)}
 
 

@@ -33,13 +33,14 @@ from p2pfl.runtime.checkpoint import (
     restore_run_state,
     run_state,
     save_checkpoint,
+    scenario_digest,
     tensors_digest,
 )
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.participation import participation_rng, takes_part, version_to_ask
-from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, bound_update, capped_size, check_magnitude, part_norm,
-                                      update_norm)
+from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, FlatCopy, Flattened, bound_update, capped_size,
+                                      check_magnitude, flattened, part_norm, update_norm)
 from p2pfl.runtime.devices import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.safeguard import Deployment, Safeguard
@@ -141,6 +142,7 @@ class Node:
         self._own_updates: dict[str, float] = {}  # part -> how far this round's training moved it
         self.restarts: list[dict[str, Any]] = []  # each --resume of this node: after which round, when
         self.checkpoint_path = self.folder.checkpoint(config.id)
+        self._scenario_digest = scenario_digest(settings.resolved)  # what binds each checkpoint to the scenario
         # What a checkpoint stores instead of a model that never changed (checkpoint.AS_BUILT).
         built = self.checkpoint_tensors()
         self._built_digest = tensors_digest(built)
@@ -187,23 +189,27 @@ class Node:
             tensors = dequantize(tensors, self.specs[h.part], self.precision)  # extra parts travel at full precision
             if h.part not in self._own_norms:  # once per part and round: the own model is still while parts arrive
                 self._own_norms[h.part] = part_norm(part_state(self.model, h.part))
-            check_magnitude(h.sender, h.part, tensors, self._own_norms[h.part], settings.max_norm_ratio)
-            if h.sender != COORDINATOR_ID and self.ctx.round_start:
-                tensors = self._bounded(h.sender, h.part, tensors)
+            bounded = h.sender != COORDINATOR_ID and bool(self.ctx.round_start) and settings.update_bound > 0
+            flat = flattened(tensors) if bounded else None  # one float64 copy of the part for both bounds
+            check_magnitude(h.sender, h.part, tensors, self._own_norms[h.part], settings.max_norm_ratio, flat)
+            if bounded:
+                tensors = self._bounded(h.sender, h.part, tensors, flat)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
                 self.declared_sizes.check(h.sender, int(meta["n_train"]))
                 meta["n_train"] = capped_size(meta["n_train"], len(self.data.train), settings.max_weight_ratio)
         return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
 
-    def _bounded(self, sender: str, part: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _bounded(self, sender: str, part: str, tensors: dict[str, torch.Tensor],
+                 flat: Flattened | None = None) -> dict[str, torch.Tensor]:
         """`tensors` within `update_bound` times this node's own update of `part` this round
-        (`p2pfl.runtime.peer_claims.bound_update`); a part pulled back names its sender in the round."""
+        (`p2pfl.runtime.peer_claims.bound_update`, which uses up `flat`); a part pulled back names
+        its sender in the round."""
         if not self.settings.update_bound > 0:
             return tensors
-        start = {k: v for k, v in self.ctx.round_start.items() if k in tensors}
+        start = self.ctx.round_start  # the bound pairs each tensor of the part with its start
         if part not in self._own_updates:
             self._own_updates[part] = update_norm(part_state(self.model, part), start)
-        clipped = bound_update(tensors, start, self._own_updates[part], self.settings.update_bound)
+        clipped = bound_update(tensors, start, self._own_updates[part], self.settings.update_bound, flat)
         if clipped is None:
             return tensors
         tensors, distance, bound = clipped
@@ -331,7 +337,7 @@ class Node:
         self.round = ctx.round = r
         self.counter.begin_round(r)
         self.artefacts.begin_round(r)
-        ctx.round_start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        ctx.round_start = FlatCopy(self.model.state_dict())
         self._trained = True
         fit = await asyncio.to_thread(strategy.fit, ctx)
         clock.switch("privacy")
@@ -494,8 +500,10 @@ class Node:
         be finite and still overflow a weighted sum); returns why, or None when it was fine."""
         floats = {k: v for k, v in self.model.state_dict().items() if v.is_floating_point() and v.numel()}
         # A finite sum of every tensor means no NaN or Inf anywhere (either makes its sum
-        # non-finite): one check a round instead of a test per element and tensor.
-        if not floats or bool(torch.stack([v.sum(dtype=torch.float64) for v in floats.values()]).isfinite().all()):
+        # non-finite): one check a round instead of a test per element and tensor. Summed in the
+        # tensors' own precision (a third of the float64 sums' time): a sum that overflows with
+        # every value finite only sends the check to the test per element below.
+        if not floats or bool(torch.stack([v.sum() for v in floats.values()]).isfinite().all()):
             return None
         bad = [k for k, v in floats.items() if not bool(torch.isfinite(v).all())]
         if not bad:  # a sum overflowed, every value finite
@@ -605,11 +613,15 @@ class Node:
 
     def _checkpoints_after(self, r: int, participated: bool) -> bool:
         """Whether round `r` ends with a checkpoint: a round taken part in whose number is a
-        multiple of `checkpoint_every` (a resume always has round 0's to go on from). A round sat
-        out changes no model: a resume replays it from the participation stream the last
-        checkpoint holds (at 10 % participation, checkpointing the 900 of 1000 nodes that sat a
-        round out had cost more than the round's training)."""
-        return participated and r % self.settings.checkpoint_every == 0
+        multiple of `checkpoint_every` (a resume always has round 0's to go on from), other than
+        the last. A round sat out changes no model: a resume replays it from the participation
+        stream the last checkpoint holds (at 10 % participation, checkpointing the 900 of 1000
+        nodes that sat a round out had cost more than the round's training). The last round's
+        state is what the node's end checkpoint holds, written after it lingers: a second write
+        of it was a quarter of a 1000-node run's checkpoint CPU, in the round every node is still
+        finishing (`python benchmarks/round_cpu.py`); a node killed while it lingers runs its
+        last round again on --resume."""
+        return participated and r % self.settings.checkpoint_every == 0 and r < self.settings.rounds
 
     def _rounds_alone(self) -> list[int]:
         """Rounds in which the node asked for peers that had not said goodbye and received nothing:
@@ -633,7 +645,7 @@ class Node:
         }
         rng.update(self.safeguard.rng_state())
         return {
-            **run_state(self.config.id, self.settings.resolved, self.rounds, self.endpoint.replay, self.counter.totals()),
+            **run_state(self.config.id, self._scenario_digest, self.rounds, self.endpoint.replay, self.counter.totals()),
             "strategy": self.strategy.state_dict(),
             # What setup produced lives in the strategy's state; a node resumed from a checkpoint
             # that has it does not set up again, one resumed from the checkpoint before setup does.

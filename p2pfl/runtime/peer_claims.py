@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -57,8 +58,54 @@ def _flat64(tensors: Sequence[torch.Tensor], device: torch.device | None = None)
     return flat.to(device or flat.device, torch.float64)
 
 
+def _floating_keys(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    return [k for k, t in tensors.items() if t.is_floating_point() and t.numel() and not t.is_meta]  # a meta tensor holds no values
+
+
 def _floating(tensors: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-    return [t for t in tensors.values() if t.is_floating_point() and t.numel() and not t.is_meta]  # a meta tensor holds no values
+    return [tensors[k] for k in _floating_keys(tensors)]
+
+
+@dataclass(frozen=True)
+class Flattened:
+    """A peer part's floating tensors (`keys`, in the part's order) as one new float64 vector,
+    made once and read by both bounds below: the magnitude bound measures it, and the update
+    bound subtracts the round's start from it in place (so it is used up there)."""
+
+    keys: tuple[str, ...]
+    values: torch.Tensor
+
+
+def flattened(tensors: Mapping[str, torch.Tensor]) -> Flattened:
+    keys = tuple(_floating_keys(tensors))
+    values = _flat64([tensors[k] for k in keys]) if keys else torch.zeros(0, dtype=torch.float64)
+    return Flattened(keys, values)
+
+
+class FlatCopy(dict[str, torch.Tensor]):
+    """A detached copy of a state (the model at a round's start) whose floating tensors are views
+    into one flat buffer, in the state's order, where they share a dtype and a device (else each
+    is a copy of its own). A peer part with the same tensors in the same order is then one
+    subtraction away from it, with no copy of the state gathered for each peer (a node bounds
+    four to a hundred peers' parts a round). Read-only, as any round start."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        super().__init__()
+        keys = _floating_keys(state)
+        self.flat: torch.Tensor | None = None
+        self.flat_keys: tuple[str, ...] = ()
+        views: dict[str, torch.Tensor] = {}
+        if keys and len({(state[k].dtype, state[k].device) for k in keys}) == 1:
+            self.flat = torch.cat([state[k].detach().reshape(-1) for k in keys])
+            self.flat_keys = tuple(keys)
+            pieces = self.flat.split([state[k].numel() for k in keys])
+            views = {k: piece.view(state[k].shape) for k, piece in zip(keys, pieces)}
+        for k, t in state.items():
+            self[k] = views[k] if k in views else t.detach().clone()
+
+    def origin(self, keys: Sequence[str]) -> torch.Tensor | None:
+        """The flat buffer, when `keys` are exactly its tensors in its order; else None."""
+        return self.flat if self.flat is not None and tuple(keys) == self.flat_keys else None
 
 
 def part_norm(tensors: Mapping[str, torch.Tensor]) -> float:
@@ -84,14 +131,18 @@ def _certainly_within(tensors: Sequence[torch.Tensor], bound: float) -> bool:
 
 
 def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor], own_norm: float,
-                    max_norm_ratio: float) -> None:
+                    max_norm_ratio: float, flat: Flattened | None = None) -> None:
     """Refuse `sender`'s `part` when its norm is over `max_norm_ratio` times `own_norm`, the node's
-    own part's `part_norm` (at least 1)."""
+    own part's `part_norm` (at least 1). `flat`: `flattened(tensors)`, where the caller made it
+    for the update bound; the float64 norm is then measured on it, with no screen."""
     bound = max_norm_ratio * max(own_norm, 1.0)
-    kept = _floating(tensors)
-    if not kept or _certainly_within(kept, bound):
-        return
-    norm = float(torch.linalg.vector_norm(_flat64(kept)))  # part_norm, on the tensors already picked
+    if flat is not None:
+        norm = float(torch.linalg.vector_norm(flat.values)) if flat.keys else 0.0
+    else:
+        kept = _floating(tensors)
+        if not kept or _certainly_within(kept, bound):
+            return
+        norm = float(torch.linalg.vector_norm(_flat64(kept)))  # part_norm, on the tensors already picked
     if not norm <= bound:
         raise ClaimRefused(f"{sender}/{part} has norm {norm:.3g}, over {max_norm_ratio:g} times this node's own "
                            f"({bound / max_norm_ratio:.3g}, bound {bound:.3g})")
@@ -102,11 +153,16 @@ def _paired_keys(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.
 
 
 def _difference(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
-                keys: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+                keys: Sequence[str], flat: Flattened | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(start, tensors − start) over `keys`, flattened, on `tensors`' device: the difference in
-    float64, the start in its own dtype (widening inside `sub_` is exact: no float64 copy of it)."""
-    moved = _flat64([tensors[k] for k in keys])
-    origin = torch.cat([start[k].detach().reshape(-1) for k in keys]).to(moved.device)
+    float64, the start in its own dtype (widening inside `sub_` is exact: no float64 copy of it).
+    `flat`, when it holds exactly `keys`, becomes the difference; a `FlatCopy` start over exactly
+    `keys` is its own flat buffer, not gathered again."""
+    moved = flat.values if flat is not None and flat.keys == tuple(keys) else _flat64([tensors[k] for k in keys])
+    origin = start.origin(keys) if isinstance(start, FlatCopy) else None
+    if origin is None:
+        origin = torch.cat([start[k].detach().reshape(-1) for k in keys])
+    origin = origin.to(moved.device)
     return origin, moved.sub_(origin)
 
 
@@ -117,17 +173,18 @@ def update_norm(part: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tens
 
 
 def bound_update(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor], own_update: float,
-                 update_bound: float) -> tuple[dict[str, torch.Tensor], float, float] | None:
+                 update_bound: float, flat: Flattened | None = None) -> tuple[dict[str, torch.Tensor], float, float] | None:
     """`tensors` pulled onto the sphere of radius `update_bound`·`own_update` around `start`, with
     the distance it had and the bound; None when it is inside (or the bound is off: 0, or the node
-    did not move, `own_update` 0, and so gives no scale)."""
+    did not move, `own_update` 0, and so gives no scale). `flat`: `flattened(tensors)`, used up
+    here (it becomes the difference)."""
     if not update_bound > 0 or not own_update > 0:
         return None
     keys = _paired_keys(tensors, start)
     if not keys:
         return None
     bound = update_bound * own_update
-    origin, difference = _difference(tensors, start, keys)
+    origin, difference = _difference(tensors, start, keys, flat)
     distance = float(torch.linalg.vector_norm(difference))
     if distance <= bound:
         return None

@@ -39,6 +39,6 @@ class NodeSettings:
     max_norm_ratio: float
     update_bound: float             # a peer part's distance from the round start, in own updates (0: off)
     update_refuse: float = DEFAULT_UPDATE_REFUSE  # times over update_bound at which a part is refused (0: never)
-    checkpoint_every: int = 1       # rounds taken part in between checkpoints (the first and the end always)
+    checkpoint_every: int = 1       # rounds taken part in between checkpoints (round 0 and the end always; the end holds the last round)
     # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)

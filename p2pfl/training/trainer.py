@@ -111,6 +111,32 @@ class LocalTrainer:
             generator=self.generator if shuffle else None,
         )
 
+    def shuffled_batches(self, split: Any) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """What `loader(split)` yields, without the loader: each pass over it is `epoch(split)`."""
+        return _Epochs(lambda: self.epoch(split))
+
+    def epoch(self, split: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of `loader(split)`'s batches, drawn with the same calls on the generator.
+
+        A `DataLoader` over a `TensorDataset` is a few dozen Python objects per epoch, most of a
+        fit's cost beside a few-sample model's arithmetic (1000 nodes of 3 samples each fit every
+        round). Its draws, in order: the iterator's base seed (one int64), the sampler's
+        permutation, and, as the sampler runs out, a second permutation for its empty remainder.
+        The batches index the split with that permutation, as its collation stacks the same rows
+        (`tests/training/test_fit.py` checks batches and generator state against the loader's)."""
+        x, y = _split_tensors(split)
+        n = len(y)
+        if n == 0:  # the loader's own error (a sampler over no samples)
+            yield from self.loader(split)
+            return
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        order = torch.randperm(n, generator=self.generator)
+        torch.randperm(n, generator=self.generator)
+        batch_size = self.config.batch_size
+        for start in range(0, n, batch_size):
+            rows = order[start : start + batch_size]
+            yield x[rows], y[rows]
+
     def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         cfg = self.config
         params = [p for p in params if p.requires_grad]
@@ -147,7 +173,8 @@ class LocalTrainer:
         for p in frozen:
             p.requires_grad_(False)
         optimizer = self.make_optimizer(selected)
-        loader = self.loader(split)
+        loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
+        loader = self.loader(split) if self.privacy is not None else self.shuffled_batches(split)
         trained: nn.Module = model
         loss_regularizer = regularizer
         if self.privacy is not None and epochs > 0:
@@ -237,6 +264,16 @@ class LocalTrainer:
         first = next(model.parameters(), None)
         if first is None or first.device != self.device:
             model.to(self.device)
+
+
+@dataclass(frozen=True)
+class _Epochs:
+    """An iterable whose every pass is a new epoch, as a DataLoader's."""
+
+    one: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.one()
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 from pathlib import Path
@@ -84,3 +85,21 @@ def test_a_write_that_fails_halfway_leaves_the_last_checkpoint(tmp_path: Path, m
     assert not path.with_name(".node-0.p2pfl.swap").exists()
     _save(path, key, 4.0, 4)
     assert _read(path, key) == (4.0, 4)
+
+
+def test_a_state_document_is_strict_json_with_non_finite_values_as_null(tmp_path: Path) -> None:
+    """Encoded as it is when it can be, walked only when not: the same bytes either way."""
+    from types import MappingProxyType
+
+    from p2pfl.runtime.checkpoint import _strict_json, finite_json
+
+    finite = {"rounds": [{"acc": 0.5, "time": {"train_s": 1.25}, "arrived": ("node-1", "node-2")}], "rng": "00ff"}
+    non_finite = {"rounds": [{"acc": float("nan"), "loss": float("inf"), "deep": [[-float("inf"), 1.0]]}]}
+    proxied = {"strategy": MappingProxyType({"w": (1.0, 2.0)})}
+    for document in (finite, non_finite, proxied):
+        assert _strict_json(document) == json.dumps(finite_json(document), allow_nan=False)
+    assert json.loads(_strict_json(non_finite)) == {"rounds": [{"acc": None, "loss": None, "deep": [[None, 1.0]]}]}
+    key, path = NodeKey.generate(), tmp_path / "node-0.p2pfl"
+    save_checkpoint(path, {"w": torch.zeros(2)}, key=key, node_id="node-0", round_=1, extra=non_finite)
+    _, doc = read_checkpoint(path, node_id="node-0", public_hex=key.public_hex)
+    assert doc is not None and doc["rounds"] == [{"acc": None, "loss": None, "deep": [[None, 1.0]]}]

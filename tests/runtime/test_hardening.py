@@ -334,6 +334,27 @@ def test_a_non_finite_aggregate_is_refused_and_the_node_goes_on(tmp_path: Path) 
     assert all(bool(torch.isfinite(v).all()) for v in victim.model.state_dict().values())
 
 
+def test_an_aggregate_whose_sum_overflows_with_every_value_finite_is_kept(tmp_path: Path) -> None:
+    """The screen sums each tensor in its own precision: a sum past float32's range with every
+    value finite is measured per element and kept; one NaN or Inf anywhere is refused."""
+    from .helpers import build_in_process, write_tiny
+
+    [node, _] = build_in_process(write_tiny(tmp_path, nodes=2, rounds=1, samples=40), tmp_path / "run")[0]
+    before = {k: v.clone() for k, v in node.model.state_dict().items()}
+    weight = next(iter(node.model.parameters()))
+    with torch.no_grad():
+        weight.view(-1)[:2] = 3e38  # each finite, their float32 sum inf
+    assert torch.isinf(weight.sum()) and node._refuse_non_finite(before) is None
+    assert float(weight.detach().view(-1)[0]) == pytest.approx(3e38)  # kept as aggregated
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with torch.no_grad():
+            weight.view(-1)[5] = bad
+        assert "non-finite values in 1 tensors" in (node._refuse_non_finite(before) or "")
+        assert all(torch.equal(v, before[k]) for k, v in node.model.state_dict().items())  # the model from before
+        with torch.no_grad():
+            weight.view(-1)[:2] = 3e38
+
+
 def test_finding_6_a_round_in_which_a_node_received_nothing_is_flagged(tmp_path: Path) -> None:
     """Under a connection flood a node got no model in a round and the run still said ok: now
     the node ends "degraded", names the rounds, and the run's summary warns."""

@@ -96,3 +96,45 @@ def test_a_worker_of_many_nodes_collects_less_often_and_trains_on_its_share_of_t
     finally:
         gc.set_threshold(*before)
     assert threads == 2 and all(n.startswith("p2pfl-train") for n in names) and len(names) <= threads
+
+
+class _CountingStream:
+    def __init__(self) -> None:
+        self.text, self.flushes = "", 0
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def test_a_worker_of_many_nodes_sends_its_progress_lines_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each line is written at once but reaches the launcher's pipe with the next periodic flush
+    (and the last with the flush at the end); a process of one node flushes every line."""
+    import asyncio
+
+    from p2pfl.assembly import flush_periodically, print_progress
+    from p2pfl.runtime.status import PROGRESS_PREFIX
+
+    stream = _CountingStream()
+    monkeypatch.setattr(sys, "stdout", stream)
+    print_progress({"id": "node-1", "round": 3})
+    assert stream.flushes == 1
+    print_progress({"id": "node-2", "round": 3}, flush=False)
+    assert stream.flushes == 1 and stream.text.count(PROGRESS_PREFIX) == 2
+
+    async def a_while_of_rounds() -> int:
+        task = asyncio.ensure_future(flush_periodically(stream, 0.02))
+        await asyncio.sleep(0.2)
+        during = stream.flushes
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return during
+
+    during = asyncio.run(a_while_of_rounds())
+    assert during >= 3
+    assert stream.flushes == during + 1  # the last lines go out when the worker's nodes are done
+    line = stream.text.splitlines()[1]
+    assert json.loads(line[len(PROGRESS_PREFIX):]) == {"id": "node-2", "round": 3, "participated": True}

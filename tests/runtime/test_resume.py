@@ -180,7 +180,14 @@ def test_resume_takes_the_stored_scenario_without_repeating_set(tmp_path: Path, 
         run_scenario(path, tmp_path / "run", ["train.lr=0.1"], progress=False, quiet=True, resume=True)
 
 
-def test_checkpoint_every_writes_round_zero_its_multiples_and_the_end(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize(("every", "rounds", "expected"), [
+    # Round 0 (before the first round), rounds 2 and 4, and the durable one at the end; not 1, 3 and 5.
+    (2, 5, [(0, False), (2, False), (4, False), (5, True)]),
+    # The last round is not written twice: the end's checkpoint, synced, holds it.
+    (1, 3, [(0, False), (1, False), (2, False), (3, True)]),
+])
+def test_checkpoint_every_writes_round_zero_its_multiples_and_the_end(tmp_path: Path, monkeypatch, every: int,
+                                                                      rounds: int, expected: list) -> None:
     written: list[tuple[int, bool]] = []
     original = Node.write_checkpoint
 
@@ -190,14 +197,13 @@ def test_checkpoint_every_writes_round_zero_its_multiples_and_the_end(tmp_path: 
         original(self, durable)
 
     monkeypatch.setattr(Node, "write_checkpoint", recording)
-    path = write_tiny(tmp_path, nodes=2, rounds=5, samples=40)
-    nodes, _ = build_in_process(path, tmp_path / "run", ("runtime.checkpoint_every=2",))
+    path = write_tiny(tmp_path, nodes=2, rounds=rounds, samples=40)
+    nodes, _ = build_in_process(path, tmp_path / "run", (f"runtime.checkpoint_every={every}",))
     results, _, _ = run_in_process(nodes, None)
     assert [r["status"] for r in results] == ["ok", "ok"]
-    # Round 0 (before the first round), rounds 2 and 4, and the durable one at the end; not 1, 3 and 5.
-    assert written == [(0, False), (2, False), (4, False), (5, True)]
+    assert written == expected
     clone = assemble_node(nodes[0].config, scenario_of(nodes[0]), resume=True)
-    assert clone.restore() == 5
+    assert clone.restore() == rounds
 
 
 def test_checkpoint_every_below_one_is_named() -> None:

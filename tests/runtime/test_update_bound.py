@@ -11,7 +11,8 @@ import torch
 
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
-from p2pfl.runtime.peer_claims import ClaimRefused, bound_update, part_norm, update_norm
+from p2pfl.runtime.peer_claims import (ClaimRefused, FlatCopy, bound_update, check_magnitude, flattened, part_norm,
+                                      update_norm)
 from p2pfl.scenario.results import bounded_warning, far_bounded_peers, refused_peers
 from p2pfl.scenario.schema import RuntimeSpec
 from p2pfl.wire import NodeKey, Roster, open_message
@@ -66,6 +67,62 @@ def test_the_flattened_bound_equals_the_bound_tensor_by_tensor_on_mixed_dtypes()
         assert clipped[k].dtype == far[k].dtype and clipped[k].shape == far[k].shape
         assert torch.equal(clipped[k], wanted)
     assert clipped["extra"] is far["extra"] and clipped["n"] is far["n"]  # not in the start, or not floating
+
+
+def test_a_flat_round_start_and_a_flattened_part_give_the_bounds_bitwise_as_plain_dicts() -> None:
+    """The node keeps its round start as a `FlatCopy` and flattens each peer part once for both
+    bounds: every number (distances, pulled tensors, refusals) is the plain path's, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    state = {"conv": torch.randn(4, 2, 3, 3, generator=g), "bias": torch.randn(4, generator=g),
+             "steps": torch.tensor([3]), "fc": torch.randn(10, 36, generator=g)}
+    start = FlatCopy(state)
+    assert start.flat is not None and start.flat_keys == ("conv", "bias", "fc")
+    for k, v in state.items():
+        assert torch.equal(start[k], v) and start[k].dtype == v.dtype and start[k] is not v
+    assert start["fc"].data_ptr() == start.flat.data_ptr() + (72 + 4) * 4  # views into one buffer
+    plain = {k: v.clone() for k, v in state.items()}
+    own = {k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in state.items()}
+    assert update_norm(own, start) == update_norm(own, plain)
+    for scale in (0.001, 1.0, 1000.0):  # inside the bound, just outside, far outside
+        peer = {k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                for k, v in state.items()}
+        flat = flattened(peer)
+        assert flat.keys == ("conv", "bias", "fc")
+        for ratio in (1e-6, 1.0, 1e6):
+            outcomes = []
+            for piece in (None, flat):
+                try:
+                    check_magnitude("node-1", "full", peer, 1.0, ratio, piece)
+                    outcomes.append("taken")
+                except ClaimRefused:
+                    outcomes.append("refused")
+            assert outcomes[0] == outcomes[1], (scale, ratio)
+        fast = bound_update(peer, start, own_update=0.05, update_bound=1.0, flat=flat)
+        slow = bound_update(peer, plain, own_update=0.05, update_bound=1.0)
+        assert (fast is None) == (slow is None), scale
+        if fast is not None and slow is not None:
+            assert fast[1:] == slow[1:]
+            assert all(torch.equal(fast[0][k], slow[0][k]) for k in peer)
+    for k, v in state.items():  # the round start is read, never changed
+        assert torch.equal(start[k], v)
+
+
+def test_a_flat_copy_of_mixed_dtypes_copies_each_tensor_and_the_bound_gathers_its_start() -> None:
+    state = {"w": torch.randn(3, 2), "h": torch.randn(5).half(), "n": torch.tensor([1])}
+    start = FlatCopy(state)
+    assert start.flat is None and start.origin(["w", "h"]) is None
+    assert all(torch.equal(start[k], v) and start[k].dtype == v.dtype for k, v in state.items())
+    far = {"w": state["w"] + 100, "h": (state["h"].float() - 50).half(), "n": torch.tensor([1])}
+    fast = bound_update(far, start, own_update=1.0, update_bound=1.0, flat=flattened(far))
+    slow = bound_update(far, dict(state), own_update=1.0, update_bound=1.0)
+    assert fast is not None and slow is not None and fast[1:] == slow[1:]
+    assert all(torch.equal(fast[0][k], slow[0][k]) for k in far)
+    # A part of a few of the start's tensors (a body, a head) pairs them with the start's views.
+    head = {"w": far["w"]}
+    fast = bound_update(head, FlatCopy({"w": state["w"], "b": torch.zeros(2)}), own_update=1.0, update_bound=1.0,
+                        flat=flattened(head))
+    slow = bound_update(head, {"w": state["w"]}, own_update=1.0, update_bound=1.0)
+    assert fast is not None and slow is not None and torch.equal(fast[0]["w"], slow[0]["w"])
 
 
 def test_bounding_a_float64_part_of_one_tensor_changes_neither_it_nor_the_start() -> None:
