@@ -57,7 +57,7 @@ class FedAvg(Strategy):
             if m.tensors:  # handed over whole rather than folded as it arrived
                 self.fold(ctx, m)
         if self._mean is not None:
-            load_part(ctx.model, self._mean.mean())
+            load_part(ctx.model, self._mean.mean(last=True))
             self._mean = None  # a float64 copy of the model: not held between rounds
         self._mean = None
         ctx.artefacts.record("aggregated_from", [m.sender for m in arrived])

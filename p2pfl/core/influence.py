@@ -335,16 +335,21 @@ class RunningWeightedMean:
                 # (a node folds every peer's model on its event loop).
                 self._sum[k].add_(v, alpha=weight)
             else:
-                self._sum[k] = v.to(torch.float64) * weight
+                self._sum[k] = v.to(torch.float64, copy=True).mul_(weight)  # one new tensor, not two
         self.total += weight
         self.count += 1
 
-    def mean(self) -> dict[str, torch.Tensor]:
-        """The weighted mean, in the dtype and device of the first state."""
+    def mean(self, *, last: bool = False) -> dict[str, torch.Tensor]:
+        """The weighted mean, in the dtype and device of the first state. `last`: the caller
+        takes no other mean of these states, so the float64 sums are divided in place (no
+        float64 copy of the model) and nothing may be added or taken after."""
         if not self.count:
             raise ValueError("no state was added")
-        return {k: (self._sum[k] / self.total).to(ref.dtype) if ref.is_floating_point() else ref.clone()
-                for k, ref in self._first.items()}
+        mean = {k: (self._sum[k].div_(self.total) if last else self._sum[k] / self.total).to(ref.dtype)
+                if ref.is_floating_point() else ref.clone() for k, ref in self._first.items()}
+        if last:
+            self._sum, self._first, self.count = {}, {}, 0
+        return mean
 
 
 def combine_heads(

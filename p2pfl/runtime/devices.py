@@ -47,6 +47,13 @@ def to_device(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict
 
 def host_snapshot(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous host copies, detached from the model: what the wire may reference while training goes on."""
+    kinds = {(t.dtype, t.device) for t in tensors.values()}
+    if len(kinds) == 1 and all(t.numel() for t in tensors.values()):
+        # One buffer for the part, gathered in one call (on the tensors' device) and viewed per
+        # tensor: a copy per tensor was a node's publishing time for a model of a few tensors.
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors.values()]).to("cpu")
+        pieces = flat.split([t.numel() for t in tensors.values()])
+        return {name: piece.view(t.shape) for (name, t), piece in zip(tensors.items(), pieces)}
     # copy=True also on the host, where .to("cpu") would return the model's own tensor;
     # contiguous_format so the wire can take each as one buffer.
     return {name: t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for name, t in tensors.items()}

@@ -40,7 +40,7 @@ from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.participation import participation_rng, takes_part, version_to_ask
 from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, FlatCopy, Flattened, bound_update, capped_size,
-                                      check_magnitude, flattened, part_norm, update_norm)
+                                      check_magnitude, flattened, own_norms, update_norm)
 from p2pfl.runtime.devices import host_snapshot, to_device
 from p2pfl.runtime.precision import dequantize, quantize, wire_spec
 from p2pfl.runtime.safeguard import Deployment, Safeguard
@@ -187,9 +187,12 @@ class Node:
         settings = self.settings
         if h.part not in self.extra:  # a model part; the strategy's extra parts (setup steps, statistics) are its own
             tensors = dequantize(tensors, self.specs[h.part], self.precision)  # extra parts travel at full precision
-            if h.part not in self._own_norms:  # once per part and round: the own model is still while parts arrive
-                self._own_norms[h.part] = part_norm(part_state(self.model, h.part))
             bounded = h.sender != COORDINATOR_ID and bool(self.ctx.round_start) and settings.update_bound > 0
+            if h.part not in self._own_norms:  # once per part and round: the own model is still while parts arrive
+                self._own_norms[h.part], update = own_norms(part_state(self.model, h.part),
+                                                            self.ctx.round_start if bounded else None)
+                if update is not None:
+                    self._own_updates[h.part] = update
             flat = flattened(tensors) if bounded else None  # one float64 copy of the part for both bounds
             check_magnitude(h.sender, h.part, tensors, self._own_norms[h.part], settings.max_norm_ratio, flat)
             if bounded:
@@ -367,7 +370,7 @@ class Node:
         arrived = await self.gather(fetches, r, versions=versions)
         unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived} - set(self.refused))
         clock.switch("aggregate")
-        before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        before = FlatCopy(self.model.state_dict())  # one buffer, not a tensor each
         await asyncio.to_thread(strategy.aggregate, ctx, arrived)
         refused = self._refuse_non_finite(before)
         safeguard_record: dict[str, Any] = {}

@@ -166,6 +166,17 @@ def _difference(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.T
     return origin, moved.sub_(origin)
 
 
+def own_norms(part: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor] | None) -> tuple[float, float | None]:
+    """(`part_norm(part)`, `update_norm(part, start)`, or None without a `start`) from one float64
+    copy of the node's own part: what a node measures peers' parts against, once a round."""
+    flat = flattened(part)
+    norm = float(torch.linalg.vector_norm(flat.values)) if flat.keys else 0.0
+    if start is None:
+        return norm, None
+    keys = _paired_keys(part, start)
+    return norm, float(torch.linalg.vector_norm(_difference(part, start, keys, flat)[1])) if keys else 0.0
+
+
 def update_norm(part: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor]) -> float:
     """‖part − start‖ over the floating tensors both hold, in float64."""
     keys = _paired_keys(part, start)

@@ -144,11 +144,21 @@ class Message:
     def torch_tensors(self) -> dict[str, torch.Tensor]:
         import torch
 
+        global _READ_ONLY_WARNING_PASSED
         # The arrays are read-only views of immutable bytes; torch warns because it cannot
         # mark tensors read-only. Callers must copy before writing in place (load_state_dict copies).
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*non-writable.*", category=UserWarning)
+        # Torch gives that warning once per process: only the first call needs it kept quiet
+        # (`catch_warnings` per call was a fifth of a node-round's decoding, `benchmarks/round_cpu.py`).
+        if _READ_ONLY_WARNING_PASSED:
             return {name: torch.from_numpy(arr) for name, arr in self.tensors.items()}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
+            tensors = {name: torch.from_numpy(arr) for name, arr in self.tensors.items()}
+        _READ_ONLY_WARNING_PASSED = any(not arr.flags.writeable for arr in self.tensors.values())
+        return tensors
+
+
+_READ_ONLY_WARNING_PASSED = False  # torch.from_numpy has met a read-only array (and warned, quietly)
 
 
 def _as_byte_view(data: bytes | bytearray | memoryview) -> memoryview:

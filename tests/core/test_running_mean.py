@@ -42,3 +42,19 @@ def test_running_mean_refuses_what_it_cannot_average() -> None:
     mean.add(_states(1)[0], 1.0)
     with pytest.raises(ValueError, match="keys differ"):
         mean.add({"w": torch.zeros(7, 5)}, 1.0)
+
+
+def test_the_last_mean_divides_in_place_and_equals_the_mean_to_the_bit() -> None:
+    states, weights = _states(3, seed=4), [3.0, 1.0, 2.0]
+    for dtype in (torch.float32, torch.float64):
+        typed = [{k: v.to(dtype) if v.is_floating_point() else v for k, v in s.items()} for s in states]
+        kept = {k: v.clone() for k, v in typed[0].items()}
+        first, last = RunningWeightedMean(), RunningWeightedMean()
+        for state, weight in zip(typed, weights):
+            first.add(state, weight)
+            last.add(state, weight)
+        reference, got = first.mean(), last.mean(last=True)
+        assert all(torch.equal(got[k], reference[k]) and got[k].dtype == reference[k].dtype for k in reference)
+        assert all(torch.equal(typed[0][k], kept[k]) for k in kept)  # the first state is never written into
+        with pytest.raises(ValueError, match="no state"):
+            last.mean()

@@ -113,6 +113,23 @@ def test_coordinator_submissions_are_on_its_device(tmp_path: Path) -> None:
     assert {t.device for t in submission.state.values()} == {device_of(coordinator.model)}
 
 
+def test_a_snapshot_of_many_tensors_is_one_buffer_with_each_tensor_as_it_was() -> None:
+    g = torch.Generator().manual_seed(0)
+    same = {"conv": torch.randn(4, 2, 3, 3, generator=g).permute(0, 2, 3, 1), "bias": torch.randn(4, generator=g),
+            "scalar": torch.tensor(2.5), "fc": torch.randn(6, 5, generator=g).t()}
+    mixed = {**same, "steps": torch.tensor([7])}
+    for weights in (same, mixed):
+        kept = {k: v.clone() for k, v in weights.items()}
+        snapshot = host_snapshot(weights)
+        for v in weights.values():
+            v.add_(1)
+        assert list(snapshot) == list(weights)
+        for k, v in snapshot.items():
+            assert torch.equal(v, kept[k]) and v.dtype == kept[k].dtype and v.is_contiguous() and v.device.type == "cpu"
+    flat = host_snapshot(same)
+    assert len({v.untyped_storage().data_ptr() for v in flat.values()}) == 1  # one buffer, viewed
+
+
 def test_published_snapshot_is_a_host_copy_that_training_cannot_change() -> None:
     weights = {"w": torch.ones(3, 4).t()}  # not contiguous
     snapshot = host_snapshot(weights)

@@ -11,8 +11,8 @@ import torch
 
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
-from p2pfl.runtime.peer_claims import (ClaimRefused, FlatCopy, bound_update, check_magnitude, flattened, part_norm,
-                                      update_norm)
+from p2pfl.runtime.peer_claims import (ClaimRefused, FlatCopy, bound_update, check_magnitude, flattened, own_norms,
+                                      part_norm, update_norm)
 from p2pfl.scenario.results import bounded_warning, far_bounded_peers, refused_peers
 from p2pfl.scenario.schema import RuntimeSpec
 from p2pfl.wire import NodeKey, Roster, open_message
@@ -105,6 +105,16 @@ def test_a_flat_round_start_and_a_flattened_part_give_the_bounds_bitwise_as_plai
             assert all(torch.equal(fast[0][k], slow[0][k]) for k in peer)
     for k, v in state.items():  # the round start is read, never changed
         assert torch.equal(start[k], v)
+
+
+def test_own_norms_from_one_copy_are_part_norm_and_update_norm_exactly() -> None:
+    g = torch.Generator().manual_seed(3)
+    state = {"w": torch.randn(8, 5, generator=g), "b": torch.randn(5, generator=g), "n": torch.tensor([4])}
+    own = {k: v + 0.1 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in state.items()}
+    for start in (FlatCopy(state), {k: v.clone() for k, v in state.items()}, {"w": state["w"]}):
+        assert own_norms(own, start) == (part_norm(own), update_norm(own, start))
+    assert own_norms(own, None) == (part_norm(own), None)
+    assert own_norms({"n": torch.tensor([1])}, FlatCopy(state)) == (0.0, 0.0)
 
 
 def test_a_flat_copy_of_mixed_dtypes_copies_each_tensor_and_the_bound_gathers_its_start() -> None:

@@ -263,3 +263,22 @@ def test_torch_tensors_emits_no_non_writable_warning() -> None:
     )
     result = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_decoded_tensors_raise_no_warning_first_or_later() -> None:
+    """Torch warns once per process that a read-only array makes a tensor it cannot protect: the
+    first decode keeps that quiet, and the later ones (without the guard) have nothing to quiet."""
+    code = (
+        "import warnings, torch\n"
+        "warnings.simplefilter('error')\n"
+        "from p2pfl.wire import NodeKey, Roster, encode, open_message\n"
+        "key = NodeKey.generate()\n"
+        "for seq in (1, 2, 3):\n"
+        "    frame = encode(key=key, kind='model', sender='a', recipient='b', round=1, version=1, seq=seq,\n"
+        "                   part='full', meta={}, tensors={'w': torch.ones(3)})\n"
+        "    message = open_message(frame, roster=Roster({'a': key.public_hex}), recipient='b', replay=None)\n"
+        "    assert torch.equal(message.torch_tensors()['w'], torch.ones(3))\n"
+        "print('quiet')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "quiet", done.stderr[-2000:]
