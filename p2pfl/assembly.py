@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import errno
-import functools
 import gc
 import json
 import logging
@@ -55,29 +54,49 @@ from p2pfl.wire import NodeKey
 
 
 
-def print_progress(record: dict[str, Any], *, flush: bool = True) -> None:
+def progress_line(record: dict[str, Any]) -> str:
     """A line per round for the launcher's progress: who finished which round. The whole record
     is in the node's rounds file (RUN/nodes/<id>.rounds.jsonl); encoding it twice per round was a
-    measurable share of a thousand-node worker's time. `flush=False`: left in the stream's buffer
-    for `flush_periodically` (a worker of many nodes)."""
+    measurable share of a thousand-node worker's time."""
     line = {"id": record.get("id"), "round": record.get("round"), "participated": record.get("participated", True)}
-    print(PROGRESS_PREFIX + json.dumps(line), flush=flush)
+    return PROGRESS_PREFIX + json.dumps(line)
+
+
+def print_progress(record: dict[str, Any]) -> None:
+    """A process of one node: each line at once (a test kills a node right after a given round)."""
+    print(progress_line(record), flush=True)
 
 
 # A worker of many nodes sends its progress lines in batches: one write to the launcher's pipe per
-# line, each waking the launcher, was 1.7 % of a 1000-node worker's time (py-spy), and a progress
-# bar needs no more than a few updates a second.
+# line (the launcher starts workers unbuffered), each waking the launcher, was 1.7 % of a
+# 1000-node worker's time (py-spy), and a progress bar needs no more than a few updates a second.
 PROGRESS_FLUSH_EVERY_S = 0.25
 
 
-async def flush_periodically(stream: Any, every_s: float) -> None:
-    """`stream.flush()` every `every_s` seconds until cancelled, and once more then."""
-    try:
-        while True:
-            await asyncio.sleep(every_s)
-            stream.flush()
-    finally:
-        stream.flush()
+class BatchedProgress:
+    """`print_progress` for a worker of many nodes: lines kept, written together by `flush`."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self._lines: list[str] = []
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self._lines.append(progress_line(record) + "\n")
+
+    def flush(self) -> None:
+        if self._lines:
+            lines, self._lines = self._lines, []
+            self.stream.write("".join(lines))
+            self.stream.flush()
+
+    async def flush_every(self, every_s: float) -> None:
+        """`flush` every `every_s` seconds until cancelled, and once more then."""
+        try:
+            while True:
+                await asyncio.sleep(every_s)
+                self.flush()
+        finally:
+            self.flush()
 
 
 def node_seed(scenario_seed: int, index: int) -> int:
@@ -200,7 +219,8 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False,
     if len(configs) > 1:
         host_many_nodes(asyncio.get_running_loop(), first.runtime.workers)
         periodic.append(asyncio.ensure_future(release_periodically(HEAP_RELEASE_EVERY_S)))
-        periodic.append(asyncio.ensure_future(flush_periodically(sys.stdout, PROGRESS_FLUSH_EVERY_S)))
+    if isinstance(on_round, BatchedProgress):
+        periodic.append(asyncio.ensure_future(on_round.flush_every(PROGRESS_FLUSH_EVERY_S)))
     try:
         built = [build(c) for c in configs]
         return list(await asyncio.gather(*(run(node, folder, rounds_file) for node, folder, rounds_file in built)))
@@ -232,8 +252,8 @@ def _hosting(configs: Sequence[NodeConfig], resume: bool) -> list[dict[str, Any]
     try:
         # Machine lines for whoever reads this process's stdout (the launcher, a pipe); a person
         # at a terminal reads the per-round log lines instead.
-        on_round = None if sys.stdout.isatty() else (
-            print_progress if len(configs) == 1 else functools.partial(print_progress, flush=False))
+        on_round: RoundCallback | None = None if sys.stdout.isatty() else (
+            print_progress if len(configs) == 1 else BatchedProgress(sys.stdout))
         return asyncio.run(host_nodes(configs, resume=resume, on_round=on_round))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the run: the checkpoints keep the rounds done
         logging.getLogger("p2pfl").warning("interrupted; rounds finished so far are checkpointed (--resume)")

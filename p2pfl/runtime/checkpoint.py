@@ -88,14 +88,14 @@ def write_swapped(path: Path, chunks: Sequence[bytes | memoryview], *, durable: 
     of a 1000-node run's CPU, `perf record -a`); emptied after each exchange, every write freed
     the file's blocks and page cache and allocated them again (`python benchmarks/checkpoint_write.py`)."""
     swap = path.with_name(f".{path.name}.swap")
-    fd = os.open(swap, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.writelines(chunks)
-            fh.truncate()  # what is left of a longer previous content
+        fd = os.open(swap, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
+        try:
+            os.ftruncate(fd, _write_all(fd, chunks))  # what is left of a longer previous content
             if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         first = not path.exists()
         if first or not _exchange(swap, path):  # the first write, or no renameat2 exchange
             os.replace(swap, path)
@@ -104,6 +104,26 @@ def write_swapped(path: Path, chunks: Sequence[bytes | memoryview], *, durable: 
     except BaseException:
         swap.unlink(missing_ok=True)
         raise
+
+
+def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> int:
+    """Write `chunks` one after another at `fd`'s offset; the bytes written. One `writev` call
+    for them all where the system has it (a file object wrote each chunk with a call of its
+    own: a checkpoint is a dozen buffers, one per tensor)."""
+    views = [view for view in (memoryview(chunk).cast("B") for chunk in chunks) if view.nbytes]
+    total = sum(view.nbytes for view in views)
+    writev = getattr(os, "writev", None)
+    while views:
+        done = writev(fd, views[:_IOV_MAX]) if writev is not None else os.write(fd, views[0])
+        while views and done >= views[0].nbytes:  # a short write goes on where it stopped
+            done -= views[0].nbytes
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
+    return total
+
+
+_IOV_MAX = 1024  # POSIX's least IOV_MAX on Linux and the BSDs
 
 
 _RENAME_EXCHANGE = 2  # linux/fs.h

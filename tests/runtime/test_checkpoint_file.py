@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import stat
@@ -61,23 +60,13 @@ def test_a_write_that_fails_halfway_leaves_the_last_checkpoint(tmp_path: Path, m
     key, path = NodeKey.generate(), tmp_path / "node-0.p2pfl"
     _save(path, key, 1.0, 1)
     _save(path, key, 2.0, 2)
-    real_fdopen = os.fdopen
+    real_write = os.write
 
-    class FullDisk:
-        def __init__(self, fh: io.BufferedWriter) -> None:
-            self.fh = fh
+    def full_disk(fd: int, buffers: list) -> int:
+        real_write(fd, bytes(buffers[0])[:10])
+        raise OSError(28, "No space left on device")
 
-        def __enter__(self) -> FullDisk:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            self.fh.close()
-
-        def writelines(self, chunks: list[bytes]) -> None:
-            self.fh.write(bytes(chunks[0])[:10])
-            raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FullDisk(real_fdopen(fd, mode)))
+    monkeypatch.setattr(checkpoint.os, "writev", full_disk)
     with pytest.raises(OSError, match="No space"):
         _save(path, key, 3.0, 3)
     monkeypatch.undo()
@@ -103,3 +92,22 @@ def test_a_state_document_is_strict_json_with_non_finite_values_as_null(tmp_path
     save_checkpoint(path, {"w": torch.zeros(2)}, key=key, node_id="node-0", round_=1, extra=non_finite)
     _, doc = read_checkpoint(path, node_id="node-0", public_hex=key.public_hex)
     assert doc is not None and doc["rounds"] == [{"acc": None, "loss": None, "deep": [[None, 1.0]]}]
+
+
+def test_short_writes_go_on_where_they_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write may take fewer bytes than it was given (a signal, a pipe): the rest follows, and the
+    checkpoint reads back whole, over one system call per buffer or none."""
+    key, path = NodeKey.generate(), tmp_path / "node-0.p2pfl"
+    real_write = os.write
+    calls = []
+
+    def a_few_bytes(fd: int, buffers: list) -> int:
+        calls.append(len(buffers))
+        return real_write(fd, bytes(buffers[0])[:7])
+
+    monkeypatch.setattr(checkpoint.os, "writev", a_few_bytes)
+    _save(path, key, 5.0, 5)
+    assert len(calls) > 10 and _read(path, key) == (5.0, 5)
+    monkeypatch.delattr(checkpoint.os, "writev")  # a system without writev: one write per buffer
+    _save(path, key, 6.0, 6)
+    assert _read(path, key) == (6.0, 6)

@@ -111,30 +111,34 @@ class _CountingStream:
 
 
 def test_a_worker_of_many_nodes_sends_its_progress_lines_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each line is written at once but reaches the launcher's pipe with the next periodic flush
-    (and the last with the flush at the end); a process of one node flushes every line."""
+    """A worker's lines are kept and written together at the next periodic flush (and the last
+    ones when its nodes are done): the launcher starts workers unbuffered, so a line printed is a
+    write. A process of one node writes and flushes each line at once."""
     import asyncio
 
-    from p2pfl.assembly import flush_periodically, print_progress
+    from p2pfl.assembly import BatchedProgress, print_progress
     from p2pfl.runtime.status import PROGRESS_PREFIX
 
     stream = _CountingStream()
     monkeypatch.setattr(sys, "stdout", stream)
     print_progress({"id": "node-1", "round": 3})
-    assert stream.flushes == 1
-    print_progress({"id": "node-2", "round": 3}, flush=False)
-    assert stream.flushes == 1 and stream.text.count(PROGRESS_PREFIX) == 2
+    assert stream.flushes == 1 and stream.text.count(PROGRESS_PREFIX) == 1
+    batched = BatchedProgress(stream)
 
-    async def a_while_of_rounds() -> int:
-        task = asyncio.ensure_future(flush_periodically(stream, 0.02))
-        await asyncio.sleep(0.2)
-        during = stream.flushes
+    async def a_while_of_rounds() -> list[tuple[int, int]]:
+        task = asyncio.ensure_future(batched.flush_every(0.05))
+        seen = []
+        for round_ in (1, 2):
+            for node in range(3):
+                batched({"id": f"node-{node}", "round": round_})
+            seen.append((stream.text.count(PROGRESS_PREFIX), stream.flushes))  # nothing written yet
+            await asyncio.sleep(0.2)
+        batched({"id": "node-9", "round": 2})
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        return during
+        return seen
 
-    during = asyncio.run(a_while_of_rounds())
-    assert during >= 3
-    assert stream.flushes == during + 1  # the last lines go out when the worker's nodes are done
-    line = stream.text.splitlines()[1]
-    assert json.loads(line[len(PROGRESS_PREFIX):]) == {"id": "node-2", "round": 3, "participated": True}
+    assert asyncio.run(a_while_of_rounds()) == [(1, 1), (4, 2)]
+    lines = stream.text.splitlines()
+    assert len(lines) == 8 and stream.flushes == 4  # a write and a flush per batch, the last at the end
+    assert json.loads(lines[-1][len(PROGRESS_PREFIX):]) == {"id": "node-9", "round": 2, "participated": True}
