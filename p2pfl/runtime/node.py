@@ -49,7 +49,7 @@ from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, PeerModel, Push, RoundContext, Strategy, setup_part
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.runtime.transport import Transport
-from p2pfl.training.trainer import LocalTrainer, PrivacyMechanism, rng_state_from_hex, rng_state_hex
+from p2pfl.training.trainer import FitResult, LocalTrainer, PrivacyMechanism, rng_state_from_hex, rng_state_hex
 from p2pfl.wire import Message, NodeKey
 
 PEER_PARTS = ("body", "head", "full")
@@ -61,6 +61,8 @@ class PushRefused(ValueError):
     reason = "unsolicited_push"
 
 
+# (test accuracy, test loss, validation accuracy, what the safeguard deploys) of the model as it is.
+Scored = tuple[float, float, float | None, Deployment]
 RoundCallback = Callable[[dict[str, Any]], None]
 
 
@@ -342,17 +344,8 @@ class Node:
         self.artefacts.begin_round(r)
         ctx.round_start = FlatCopy(self.model.state_dict())
         self._trained = True
-        fit = await asyncio.to_thread(strategy.fit, ctx)
-        clock.switch("privacy")
-        if self.privacy is not None:
-            self.privacy.before_publish(self.model, ctx.round_start)
+        fit, (test_acc, test_loss, val_acc, deployed_trained) = await asyncio.to_thread(self._train_and_score, ctx, clock)
         epsilon = epsilon_for_json(None if self.privacy is None else self.privacy.epsilon())
-        if self.safeguard.trains:
-            clock.switch("train")
-            await asyncio.to_thread(self.safeguard.after_train, self.data.train)
-        clock.switch("evaluate")
-        # Scoring runs off the event loop, as training does: nodes sharing a worker keep serving meanwhile.
-        test_acc, test_loss, val_acc, deployed_trained = await asyncio.to_thread(self._scored)
         clock.switch("publish")
         meta = {"n_train": len(self.data.train), **strategy.shared_meta(ctx)}
         if strategy.shared_parts:
@@ -370,21 +363,8 @@ class Node:
         arrived = await self.gather(fetches, r, versions=versions)
         unanswered = self._warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived} - set(self.refused))
         clock.switch("aggregate")
-        before = FlatCopy(self.model.state_dict())  # one buffer, not a tensor each
-        await asyncio.to_thread(strategy.aggregate, ctx, arrived)
-        refused = self._refuse_non_finite(before)
-        safeguard_record: dict[str, Any] = {}
-        if refused is None and _overrides(self.safeguard, Safeguard, "after_aggregate"):
-            safeguard_record = await asyncio.to_thread(self.safeguard.after_aggregate, self.model, before,
-                                                       lambda model: self.trainer.evaluate(model, self.data.val))
-        clock.switch("evaluate")
-        if all(torch.equal(v, before[k]) for k, v in self.model.state_dict().items()):
-            # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
-            # no second pass over a test split that may hold a thousand samples.
-            acc_agg, loss_agg, val_acc_agg = test_acc, test_loss, val_acc
-            deployed_aggregated = self._deploy(acc_agg, loss_agg)
-        else:
-            acc_agg, loss_agg, val_acc_agg, deployed_aggregated = await asyncio.to_thread(self._scored)
+        refused, safeguard_record, (acc_agg, loss_agg, val_acc_agg, deployed_aggregated) = await asyncio.to_thread(
+            self._aggregate_and_score, ctx, arrived, clock, (test_acc, test_loss, val_acc))
         self._scores = (acc_agg, loss_agg, val_acc_agg)
         ctx.round_start = {}  # a copy of the model, needed within the round only (many nodes share a process)
         time_record = clock.stop()
@@ -429,6 +409,40 @@ class Node:
                       record.get("bytes_received", 0) / 2**20, record["wall_s"])
         return record
 
+    # A round's steps between two exchanges run in one worker thread each: nodes sharing a worker
+    # keep serving meanwhile, and each hand-over to the pool (a thread woken, a future, a callback
+    # on the loop) is paid once, not for every step.
+    def _train_and_score(self, ctx: RoundContext, clock: PhaseClock) -> tuple[FitResult, Scored]:
+        """The round's training, the privacy step on what it publishes, and that model's scores."""
+        fit = self.strategy.fit(ctx)
+        clock.switch("privacy")
+        if self.privacy is not None:
+            self.privacy.before_publish(self.model, ctx.round_start)
+        if self.safeguard.trains:
+            clock.switch("train")
+            self.safeguard.after_train(self.data.train)
+        clock.switch("evaluate")
+        return fit, self._scored()
+
+    def _aggregate_and_score(self, ctx: RoundContext, arrived: list[PeerModel], clock: PhaseClock,
+                             trained: tuple[float, float, float | None]) -> tuple[str | None, dict[str, Any], Scored]:
+        """Aggregation, its checks (non-finite values, the safeguard) and the aggregate's scores:
+        (why the aggregate was refused or None, the safeguard's record, the scores)."""
+        before = FlatCopy(self.model.state_dict())  # one buffer, not a tensor each
+        self.strategy.aggregate(ctx, arrived)
+        refused = self._refuse_non_finite(before)
+        safeguard_record: dict[str, Any] = {}
+        if refused is None and _overrides(self.safeguard, Safeguard, "after_aggregate"):
+            safeguard_record = self.safeguard.after_aggregate(self.model, before,
+                                                              lambda model: self.trainer.evaluate(model, self.data.val))
+        clock.switch("evaluate")
+        if all(torch.equal(v, before[k]) for k, v in self.model.state_dict().items()):
+            # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
+            # no second pass over a test split that may hold a thousand samples.
+            acc, loss, val_acc = trained
+            return refused, safeguard_record, (acc, loss, val_acc, self._deploy(acc, loss))
+        return refused, safeguard_record, self._scored()
+
     def _asked_of_neighbours(self, fetches: list[Fetch], r: int) -> tuple[list[Fetch], dict[str, int], list[str]]:
         """The fetches worth making in round `r`, the version asked of each neighbour that sits `r`
         out (the last round it took part in: served at once), and the neighbours left out (nothing
@@ -444,7 +458,7 @@ class Node:
             kept.append(fetch)
         return kept, versions, sorted(sat_out)
 
-    def _scored(self) -> tuple[float, float, float | None, Deployment]:
+    def _scored(self) -> Scored:
         """The model's test accuracy and loss, validation accuracy, and what the safeguard deploys."""
         test_acc, test_loss, val_acc = self._model_scores()
         return test_acc, test_loss, val_acc, self._deploy(test_acc, test_loss)
