@@ -68,8 +68,8 @@ def print_progress(record: dict[str, Any]) -> None:
 
 
 # A worker of many nodes sends its progress lines in batches: one write to the launcher's pipe per
-# line (the launcher starts workers unbuffered), each waking the launcher, was 1.7 % of a
-# 1000-node worker's time (py-spy), and a progress bar needs no more than a few updates a second.
+# line (the launcher starts workers unbuffered), each waking the launcher, showed in py-spy's
+# profiles of a 1000-node worker, and a progress bar needs no more than a few updates a second.
 PROGRESS_FLUSH_EVERY_S = 0.25
 
 

@@ -247,7 +247,8 @@ class Coordinator:
     # ---- checkpoints ----------------------------------------------------------------------
     def write_checkpoint(self) -> None:
         state = {
-            **run_state(self.config.id, scenario_digest(self.scenario.to_dict()), self.rounds, self.endpoint.replay, self.counter.totals()),
+            **run_state(self.config.id, scenario_digest(self.scenario.to_dict()), self.rounds, self.endpoint.replay,
+                        self.counter.totals()),
             "aggregator": self.half.state_dict(), "expected": sorted(self.expected),
         }
         save_checkpoint(self.checkpoint_path, self.model.state_dict(), key=self.key, node_id=self.config.id,

@@ -115,6 +115,8 @@ def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> int:
     writev = getattr(os, "writev", None)
     while views:
         done = writev(fd, views[:_IOV_MAX]) if writev is not None else os.write(fd, views[0])
+        if done <= 0:  # a file takes bytes or raises; never wait on one that does neither
+            raise OSError(errno.EIO, "a write to the checkpoint file took no bytes")
         while views and done >= views[0].nbytes:  # a short write goes on where it stopped
             done -= views[0].nbytes
             views.pop(0)

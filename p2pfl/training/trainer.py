@@ -118,9 +118,8 @@ class LocalTrainer:
     def epoch(self, split: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of `loader(split)`'s batches, drawn with the same calls on the generator.
 
-        A `DataLoader` over a `TensorDataset` is a few dozen Python objects per epoch, most of a
-        fit's cost beside a few-sample model's arithmetic (1000 nodes of 3 samples each fit every
-        round). Its draws, in order: the iterator's base seed (one int64), the sampler's
+        A `DataLoader` over a `TensorDataset` builds a few dozen Python objects per epoch, on
+        every fit of every node (1000 nodes of 3 samples each fit every round). Its draws, in order: the iterator's base seed (one int64), the sampler's
         permutation, and, as the sampler runs out, a second permutation for its empty remainder.
         The batches index the split with that permutation, as its collation stacks the same rows
         (`tests/training/test_fit.py` checks batches and generator state against the loader's)."""

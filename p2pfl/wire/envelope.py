@@ -147,9 +147,10 @@ class Message:
         global _READ_ONLY_WARNING_PASSED
         # The arrays are read-only views of immutable bytes; torch warns because it cannot
         # mark tensors read-only. Callers must copy before writing in place (load_state_dict copies).
-        # Torch gives that warning once per process: only the first call needs it kept quiet
-        # (`catch_warnings` per call was a fifth of a node-round's decoding, `benchmarks/round_cpu.py`).
-        if _READ_ONLY_WARNING_PASSED:
+        # Torch gives that warning once per process (unless told to warn always): only the first
+        # call needs it kept quiet. `catch_warnings` copies and restores the process's warning
+        # filters, at every call: thousands of frames a round in a worker of many nodes.
+        if _READ_ONLY_WARNING_PASSED and not torch.is_warn_always_enabled():
             return {name: torch.from_numpy(arr) for name, arr in self.tensors.items()}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)

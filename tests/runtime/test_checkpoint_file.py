@@ -111,3 +111,13 @@ def test_short_writes_go_on_where_they_stopped(tmp_path: Path, monkeypatch: pyte
     monkeypatch.delattr(checkpoint.os, "writev")  # a system without writev: one write per buffer
     _save(path, key, 6.0, 6)
     assert _read(path, key) == (6.0, 6)
+
+
+def test_a_write_that_takes_no_bytes_fails_instead_of_spinning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key, path = NodeKey.generate(), tmp_path / "node-0.p2pfl"
+    _save(path, key, 1.0, 1)
+    monkeypatch.setattr(checkpoint.os, "writev", lambda fd, buffers: 0)
+    with pytest.raises(OSError, match="took no bytes"):
+        _save(path, key, 2.0, 2)
+    monkeypatch.undo()
+    assert _read(path, key) == (1.0, 1)

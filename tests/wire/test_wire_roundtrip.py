@@ -265,11 +265,14 @@ def test_torch_tensors_emits_no_non_writable_warning() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_decoded_tensors_raise_no_warning_first_or_later() -> None:
+@pytest.mark.parametrize("warn_always", [False, True])
+def test_decoded_tensors_raise_no_warning_first_or_later(warn_always: bool) -> None:
     """Torch warns once per process that a read-only array makes a tensor it cannot protect: the
-    first decode keeps that quiet, and the later ones (without the guard) have nothing to quiet."""
+    first decode keeps that quiet, and the later ones (without the guard) have nothing to quiet,
+    unless torch is told to warn always, when every decode keeps it quiet."""
     code = (
         "import warnings, torch\n"
+        f"torch.set_warn_always({warn_always})\n"
         "warnings.simplefilter('error')\n"
         "from p2pfl.wire import NodeKey, Roster, encode, open_message\n"
         "key = NodeKey.generate()\n"
