@@ -45,15 +45,26 @@ def to_device(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict
     return {name: t.to(device, non_blocking=True) for name, t in tensors.items()}
 
 
+def one_buffer(tensors: Mapping[str, torch.Tensor],
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+    """A detached copy of `tensors` as one flat buffer (on `device`, else theirs) and a contiguous
+    view of it per tensor, in order; None where they do not share a dtype and a device. One
+    gathering call instead of a copy per tensor: a node copies its model this way several times
+    a round (round start, before aggregation, publishing)."""
+    if not tensors or len({(t.dtype, t.device) for t in tensors.values()}) != 1:
+        return None
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors.values()])
+    if device is not None:
+        flat = flat.to(device)
+    pieces = flat.split([t.numel() for t in tensors.values()])
+    return flat, {name: piece.view(t.shape) for (name, t), piece in zip(tensors.items(), pieces)}
+
+
 def host_snapshot(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous host copies, detached from the model: what the wire may reference while training goes on."""
-    kinds = {(t.dtype, t.device) for t in tensors.values()}
-    if len(kinds) == 1 and all(t.numel() for t in tensors.values()):
-        # One buffer for the part, gathered in one call (on the tensors' device) and viewed per
-        # tensor: a copy per tensor was a node's publishing time for a model of a few tensors.
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors.values()]).to("cpu")
-        pieces = flat.split([t.numel() for t in tensors.values()])
-        return {name: piece.view(t.shape) for (name, t), piece in zip(tensors.items(), pieces)}
+    gathered = one_buffer(tensors, "cpu")
+    if gathered is not None:
+        return gathered[1]
     # copy=True also on the host, where .to("cpu") would return the model's own tensor;
     # contiguous_format so the wire can take each as one buffer.
     return {name: t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for name, t in tensors.items()}

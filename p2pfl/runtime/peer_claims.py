@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from p2pfl.runtime.devices import one_buffer
 
 class ClaimRefused(ValueError):
     status = 422
@@ -82,6 +83,10 @@ def flattened(tensors: Mapping[str, torch.Tensor]) -> Flattened:
     return Flattened(keys, values)
 
 
+def _norm(flat: Flattened) -> float:
+    return float(torch.linalg.vector_norm(flat.values)) if flat.keys else 0.0
+
+
 class FlatCopy(dict[str, torch.Tensor]):
     """A detached copy of a state (the model at a round's start) whose floating tensors are views
     into one flat buffer, in the state's order, where they share a dtype and a device (else each
@@ -92,14 +97,9 @@ class FlatCopy(dict[str, torch.Tensor]):
     def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
         super().__init__()
         keys = _floating_keys(state)
-        self.flat: torch.Tensor | None = None
-        self.flat_keys: tuple[str, ...] = ()
-        views: dict[str, torch.Tensor] = {}
-        if keys and len({(state[k].dtype, state[k].device) for k in keys}) == 1:
-            self.flat = torch.cat([state[k].detach().reshape(-1) for k in keys])
-            self.flat_keys = tuple(keys)
-            pieces = self.flat.split([state[k].numel() for k in keys])
-            views = {k: piece.view(state[k].shape) for k, piece in zip(keys, pieces)}
+        gathered = one_buffer({k: state[k] for k in keys})
+        self.flat, views = gathered if gathered is not None else (None, {})
+        self.flat_keys: tuple[str, ...] = tuple(keys) if gathered is not None else ()
         for k, t in state.items():
             self[k] = views[k] if k in views else t.detach().clone()
 
@@ -110,8 +110,7 @@ class FlatCopy(dict[str, torch.Tensor]):
 
 def part_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     """The L2 norm over every floating tensor, in float64 (float32 squares overflow past 1.8e19)."""
-    kept = _floating(tensors)
-    return float(torch.linalg.vector_norm(_flat64(kept))) if kept else 0.0
+    return _norm(flattened(tensors))
 
 
 # Every peer's part is first measured in its own precision (at least float32): one copy and one
@@ -137,7 +136,7 @@ def check_magnitude(sender: str, part: str, tensors: Mapping[str, torch.Tensor],
     for the update bound; the float64 norm is then measured on it, with no screen."""
     bound = max_norm_ratio * max(own_norm, 1.0)
     if flat is not None:
-        norm = float(torch.linalg.vector_norm(flat.values)) if flat.keys else 0.0
+        norm = _norm(flat)
     else:
         kept = _floating(tensors)
         if not kept or _certainly_within(kept, bound):
@@ -170,7 +169,7 @@ def own_norms(part: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor
     """(`part_norm(part)`, `update_norm(part, start)`, or None without a `start`) from one float64
     copy of the node's own part: what a node measures peers' parts against, once a round."""
     flat = flattened(part)
-    norm = float(torch.linalg.vector_norm(flat.values)) if flat.keys else 0.0
+    norm = _norm(flat)
     if start is None:
         return norm, None
     keys = _paired_keys(part, start)

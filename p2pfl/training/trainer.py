@@ -111,17 +111,14 @@ class LocalTrainer:
             generator=self.generator if shuffle else None,
         )
 
-    def shuffled_batches(self, split: Any) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        """What `loader(split)` yields, without the loader: each pass over it is `epoch(split)`."""
-        return _Epochs(lambda: self.epoch(split))
-
     def epoch(self, split: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of `loader(split)`'s batches, drawn with the same calls on the generator.
 
         A `DataLoader` over a `TensorDataset` builds a few dozen Python objects per epoch, on
-        every fit of every node (1000 nodes of 3 samples each fit every round). Its draws, in order: the iterator's base seed (one int64), the sampler's
-        permutation, and, as the sampler runs out, a second permutation for its empty remainder.
-        The batches index the split with that permutation, as its collation stacks the same rows
+        every fit of every node (1000 nodes of 3 samples each fit every round). Its draws, in
+        order: the iterator's base seed (one int64), the sampler's permutation, and, as the
+        sampler runs out, a second permutation for its empty remainder. The batches index the
+        split with that permutation, as its collation stacks the same rows
         (`tests/training/test_fit.py` checks batches and generator state against the loader's)."""
         x, y = _split_tensors(split)
         n = len(y)
@@ -172,21 +169,22 @@ class LocalTrainer:
         for p in frozen:
             p.requires_grad_(False)
         optimizer = self.make_optimizer(selected)
-        loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
-        loader = self.loader(split) if self.privacy is not None else self.shuffled_batches(split)
         trained: nn.Module = model
         loss_regularizer = regularizer
-        if self.privacy is not None and epochs > 0:
-            trained, optimizer, loader = self.privacy.make_private(model, optimizer, loader, epochs, regularizer)
-            if trained is not model:
-                loss_regularizer = None  # the private optimizer adds its gradient after clipping and noise
+        loader: Iterable[Any] | None = None  # without privacy, each epoch is `epoch(split)`
+        if self.privacy is not None:
+            loader = self.loader(split)
+            if epochs > 0:
+                trained, optimizer, loader = self.privacy.make_private(model, optimizer, loader, epochs, regularizer)
+                if trained is not model:
+                    loss_regularizer = None  # the private optimizer adds its gradient after clipping and noise
         loss_fn = nn.CrossEntropyLoss()
         steps = samples = 0
         last_epoch_loss, last_epoch_n = 0.0, 0
         try:
             for _ in range(epochs):
                 last_epoch_loss, last_epoch_n = 0.0, 0
-                for xb, yb in loader:
+                for xb, yb in self.epoch(split) if loader is None else loader:
                     if len(yb) == 0:  # Poisson sampling in DP-SGD can draw empty batches
                         continue
                     xb, yb = xb.to(self.device), yb.to(self.device)
@@ -263,16 +261,6 @@ class LocalTrainer:
         first = next(model.parameters(), None)
         if first is None or first.device != self.device:
             model.to(self.device)
-
-
-@dataclass(frozen=True)
-class _Epochs:
-    """An iterable whose every pass is a new epoch, as a DataLoader's."""
-
-    one: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self.one()
 
 
 @dataclass(frozen=True)

@@ -45,15 +45,14 @@ def test_a_fit_is_the_plain_loop_and_leaves_no_gradients_behind(optimizer: str) 
 
 
 @pytest.mark.parametrize(("n", "batch_size"), [(7, 3), (3, 32), (6, 6), (1, 1)])
-def test_shuffled_batches_are_the_loaders_batches_with_the_same_draws(n: int, batch_size: int) -> None:
+def test_an_epoch_is_the_loaders_batches_with_the_same_draws(n: int, batch_size: int) -> None:
     """A fit batches without a DataLoader: the same batches, and the generator left where the
     loader leaves it, epoch after epoch (every later round's shuffle depends on it)."""
     split = SimpleNamespace(x=torch.randn(n, 2, 3), y=torch.arange(n))
     config = TrainConfig(batch_size=batch_size)
     direct, reference = LocalTrainer(config, seed=5), LocalTrainer(config, seed=5)
-    batches = direct.shuffled_batches(split)
     for _ in range(3):
-        ours, theirs = list(batches), list(reference.loader(split))
+        ours, theirs = list(direct.epoch(split)), list(reference.loader(split))
         assert len(ours) == len(theirs) == -(-n // batch_size)
         for (x, y), (x_ref, y_ref) in zip(ours, theirs):
             assert torch.equal(x, x_ref) and torch.equal(y, y_ref) and x.is_contiguous()
@@ -61,10 +60,10 @@ def test_shuffled_batches_are_the_loaders_batches_with_the_same_draws(n: int, ba
     assert sorted(int(v) for _, y in ours for v in y) == list(range(n))
 
 
-def test_shuffled_batches_of_an_empty_split_fail_as_the_loader_does() -> None:
+def test_an_epoch_of_an_empty_split_fails_as_the_loader_does() -> None:
     split = SimpleNamespace(x=torch.zeros(0, 2), y=torch.zeros(0, dtype=torch.long))
     trainer = LocalTrainer(TrainConfig(), seed=0)
     with pytest.raises(ValueError, match="num_samples"):
         list(trainer.loader(split))
     with pytest.raises(ValueError, match="num_samples"):
-        list(trainer.shuffled_batches(split))
+        list(trainer.epoch(split))
