@@ -32,14 +32,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # (module, attribute path, within another step)
 STEPS: list[tuple[str, str, bool]] = [
     ("p2pfl.training.trainer", "LocalTrainer.fit", False),
-    ("p2pfl.runtime.node", "Node._scored", False),
-    ("p2pfl.runtime.node", "Node.write_checkpoint", False),
+    ("p2pfl.runtime.node.scoring", "Scorer.scored", False),
+    ("p2pfl.runtime.node.state", "NodeState.write", False),
     ("p2pfl.runtime.transport.base", "Carrier.opened_answer", False),
     ("p2pfl.runtime.transport.loopback", "InMemory.serve_read", False),
-    ("p2pfl.runtime.node", "Node._peer_model", False),
+    ("p2pfl.runtime.node.intake", "Intake.peer_model", False),
     ("p2pfl.algorithms.fedavg", "FedAvg.fold", False),
     ("p2pfl.algorithms.fedavg", "FedAvg.aggregate", False),
-    ("p2pfl.runtime.node", "Node._refuse_non_finite", False),
+    ("p2pfl.runtime.node.round", "Round.refuse_non_finite", False),
     ("p2pfl.runtime.run_folder", "RecordAppender.append", False),
     ("p2pfl.wire.keys", "NodeKey.sign", True),
     ("p2pfl.wire.keys", "Roster.verify", True),

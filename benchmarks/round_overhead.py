@@ -53,7 +53,7 @@ def compute_floor(scenario: Scenario, folder: Path) -> tuple[float, dict[str, fl
             node.ctx.round = r
             node.ctx.round_start = {k: v.detach().clone() for k, v in node.model.state_dict().items()}
             timed("train", node.strategy.fit, node.ctx)
-            timed("evaluate", node.trainer.evaluate, node.model, node.data.test)
+            timed("evaluate", node.parts.trainer.evaluate, node.model, node.parts.data.test)
         shared = {
             node.config.id: {p: host_snapshot(part_state(node.model, p)) for p in node.strategy.shared_parts}
             for node in nodes
@@ -61,12 +61,12 @@ def compute_floor(scenario: Scenario, folder: Path) -> tuple[float, dict[str, fl
         for node in nodes:
             fetches = node.strategy.configure_fetch(node.ctx)
             arrived = [
-                PeerModel(f.peer, f.part, r, r, to_device(shared[f.peer][f.part], node.device),
+                PeerModel(f.peer, f.part, r, r, to_device(shared[f.peer][f.part], node.parts.device),
                           {"n_train": len(next(n for n in nodes if n.config.id == f.peer).data.train)})
                 for f in fetches if f.part in shared.get(f.peer, {})
             ]
             timed("aggregate", node.strategy.aggregate, node.ctx, arrived)
-            timed("evaluate", node.trainer.evaluate, node.model, node.data.test)
+            timed("evaluate", node.parts.trainer.evaluate, node.model, node.parts.data.test)
     return sum(spent.values()), spent
 
 

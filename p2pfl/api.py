@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts
+from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED
 
 T = TypeVar("T")
 
@@ -44,7 +45,7 @@ class Round:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Round:
         return cls(round=d["round"], participated=d.get("participated", True), test_acc=d.get("test_acc"),
-                   test_acc_aggregated=d.get("test_acc_aggregated"), train_loss=d.get("train_loss"),
+                   test_acc_aggregated=d.get(TEST_ACC_AGGREGATED), train_loss=d.get("train_loss"),
                    wall_s=d.get("wall_s", 0.0), epsilon=d.get("epsilon"), asked=d.get("asked", 0),
                    arrived=tuple(d.get("arrived", ())), bytes_sent=d.get("bytes_sent", 0),
                    bytes_received=d.get("bytes_received", 0), raw=d)

@@ -35,6 +35,7 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
+from p2pfl.runtime.churn import NodeScript, scripts_of
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
@@ -135,10 +136,11 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     ids = node_ids(sc.nodes)
     adjacency = Topology.parse(sc.runtime.topology).neighbours_of(config.index, sc.nodes, sc.seed)
     neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
-    # Each neighbour's rounds, from its own seeded draws: a round it sits out is asked of it at once.
-    peer_rounds = {} if sc.runtime.participation >= 1 else {
-        ids[j]: rounds_taking_part(node_seed(sc.seed + sc.train.seed_offset, j), sc.rounds, sc.runtime.participation)
-        for j in adjacency}
+    # Each neighbour's rounds, from its own seeded draws and the churn schedule's joins: a round it
+    # sits out (or is not there for yet) is asked of it at once, or not at all.
+    scripts = scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
+    peer_rounds = neighbour_rounds(sc, sorted(set(adjacency) | {j for j in range(sc.nodes) if scripts[j].join > 1}
+                                              - {config.index}), scripts)
     key = NodeKey.load(config.key_file)
     infos = dict(config.peers)
     if config.coordinator is not None:
@@ -151,9 +153,24 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         strategy=build_strategy(sc.algorithm.name, params),
         fresh_strategy=lambda: build_strategy(sc.algorithm.name, params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
-        safeguard=safeguard, peer_rounds=peer_rounds,
+        safeguard=safeguard, peer_rounds=peer_rounds, script=scripts[config.index],
+        joins_late=frozenset(ids[j] for j in range(sc.nodes) if scripts[j].join > 1),
     )
     return Node(config, node_settings(sc), parts, resume=resume, on_round=on_round)
+
+
+def neighbour_rounds(sc: Scenario, indices: Sequence[int], scripts: Sequence[NodeScript]) -> dict[str, frozenset[int]]:
+    """The rounds each node of `indices` takes part in where that is not every round: its seeded
+    participation draws (its own stream, from round 1), from the round it joins."""
+    ids, out = node_ids(sc.nodes), {}
+    for j in indices:
+        join = scripts[j].join
+        if sc.runtime.participation >= 1 and join <= 1:
+            continue
+        rounds = (rounds_taking_part(node_seed(sc.seed + sc.train.seed_offset, j), sc.rounds, sc.runtime.participation)
+                  if sc.runtime.participation < 1 else frozenset(range(1, sc.rounds + 1)))
+        out[ids[j]] = frozenset(r for r in rounds if r >= join)
+    return out
 
 
 def node_settings(sc: Scenario) -> NodeSettings:

@@ -3,6 +3,10 @@
 `aggregation = "median"` or `"trimmed_mean"` (with `trim`) replaces the weighted mean with a
 coordinate-wise robust aggregate of the own model and the peers' (`p2pfl.core.robust`), for runs
 where a peer may be poisoning; FedProx inherits the option.
+
+`staleness = a > 0` (ours, after FedAsync's polynomial weight, Xie et al. 2019) weighs a part
+that is τ rounds old (a straggler's, taken under `runtime.accept_stale`) by (1 + τ)^-a on top of
+its sample count; 0, the default, is FedAvg as printed.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ class FedAvg(Strategy):
     shared_parts = ("full",)
     folds_arrivals = True
 
-    def __init__(self, aggregation: str = "mean", trim: float = 0.1) -> None:
+    def __init__(self, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0) -> None:
         if aggregation not in ("mean", *ROBUST_RULES):
             raise ValueError(f"aggregation must be one of {('mean', *ROBUST_RULES)}, got {aggregation!r}")
         trimmed_count(1, trim)  # the range check, before the first round
-        self.aggregation, self.trim = aggregation, trim
+        if not 0 <= staleness < float("inf"):
+            raise ValueError(f"staleness must be a finite exponent >= 0 (0: off), got {staleness}")
+        if staleness and aggregation != "mean":
+            raise ValueError(f"staleness weighs the mean; aggregation {aggregation!r} takes no weights")
+        self.aggregation, self.trim, self.staleness = aggregation, trim, staleness
         # A robust rule needs every model of the round at once; only the mean is summed as they arrive.
         self.folds_arrivals = aggregation == "mean"
         self._mean: RunningWeightedMean | None = None
@@ -42,7 +50,8 @@ class FedAvg(Strategy):
         if self._mean is None:  # the own model counts too; it does not change while models arrive
             self._mean = RunningWeightedMean()
             self._mean.add(part_state(ctx.model, "full"), float(len(ctx.data.train)))
-        self._mean.add(arrival.tensors, float(arrival.n_train))
+        self._mean.add(arrival.tensors, float(arrival.n_train) * staleness_weight(ctx.round - arrival.version,
+                                                                                   self.staleness))
         return True
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
@@ -61,3 +70,8 @@ class FedAvg(Strategy):
             self._mean = None  # a float64 copy of the model: not held between rounds
         self._mean = None
         ctx.artefacts.record("aggregated_from", [m.sender for m in arrived])
+
+
+def staleness_weight(tau: int, exponent: float) -> float:
+    """FedAsync's polynomial staleness function (1 + τ)^-a; a part of this round (τ <= 0) weighs 1."""
+    return 1.0 if exponent == 0 or tau <= 0 else float((1 + tau) ** -exponent)

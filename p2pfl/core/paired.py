@@ -67,3 +67,16 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], *, level: 
     significant = n >= min_seeds and p < level
     verdict = ("higher" if mean > 0 else "lower") if significant else "level"
     return PairedDifference(seeds, mean, low, high, p, verdict)
+
+
+def holm(p_values: Mapping[str, float], *, level: float = LEVEL) -> dict[str, tuple[float, bool]]:
+    """Holm's step-down correction over one table's tests: name -> (adjusted p, significant).
+    Adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)), p sorted ascending; a test is
+    significant where its adjusted p is below `level` (NaN p-values count as 1)."""
+    ordered = sorted(p_values, key=lambda k: (1.0 if math.isnan(p_values[k]) else p_values[k], k))
+    m, running, out = len(ordered), 0.0, {}
+    for i, name in enumerate(ordered):
+        p = 1.0 if math.isnan(p_values[name]) else p_values[name]
+        running = max(running, min(1.0, (m - i) * p))
+        out[name] = (running, running < level)
+    return out

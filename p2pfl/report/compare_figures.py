@@ -14,6 +14,7 @@ import numpy as np
 from p2pfl.report.style import protocol_panels, round_axis, save_figure, series_style
 from p2pfl.report.tables import LevelOutcome, held_out_table, poisoning_table, safeguard_levels, write_compare_tables
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
 
 
 def report_compare(folder: Path) -> list[Path]:
@@ -99,7 +100,7 @@ def _compare_curves(runs_by_row: Mapping[str, list[dict[str, Any]]], out: Path) 
     after local training and after aggregation."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for i, (label, runs) in enumerate(runs_by_row.items()):
-        for ax, key in zip(axes, ("test_acc", "test_acc_aggregated")):
+        for ax, key in zip(axes, (TEST_ACC, TEST_ACC_AGGREGATED)):
             per_round: dict[int, list[float]] = defaultdict(list)
             for res in runs:
                 by_round: dict[int, list[float]] = defaultdict(list)

@@ -30,6 +30,7 @@ from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
 from p2pfl.scenario.results import format_summary
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
 
 # Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
 # relevance and Shapley values (own node included), FedFomo's affinity and weights.
@@ -163,6 +164,19 @@ def _heatmaps(run_dir: Path, ids: list[str]) -> dict[str, Any]:
     return heatmaps
 
 
+def _membership(nodes: list[dict[str, Any]], rounds_total: int, per_node: bool) -> dict[str, Any]:
+    """A run with churn: how many nodes ran each round so far, and (few nodes) who: 1 ran it, 0 not."""
+    ran = {n["id"]: {r["round"] for r in n["records"]} for n in nodes}
+    last = max((max(rs) for rs in ran.values() if rs), default=0)
+    out: dict[str, Any] = {"rounds": list(range(1, last + 1)),
+                           "live": [sum(1 for rs in ran.values() if k in rs) for k in range(1, last + 1)],
+                           "of": len(nodes), "total_rounds": rounds_total}
+    if per_node:
+        out["ids"] = list(ran)
+        out["grid"] = [[1 if k in ran[nid] else 0 for k in range(1, last + 1)] for nid in ran]
+    return out
+
+
 def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     """What the page shows of a run folder, as it is now."""
     folder = RunFolder(run_dir)
@@ -182,7 +196,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         error = result.get("error") if result else None
         records = [{
             "round": r["round"], "test_acc": _finite(r.get("test_acc")),
-            "test_acc_aggregated": _finite(r.get("test_acc_aggregated")),
+            TEST_ACC_AGGREGATED: _finite(r.get(TEST_ACC_AGGREGATED)),
             "train_loss": _finite(r.get("train_loss")), "test_loss": _finite(r.get("test_loss")),
             "mib_received": (_finite(r.get("bytes_received")) or 0.0) / 2**20,
             "epsilon": _finite(r.get("epsilon")),
@@ -216,8 +230,9 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                              if line.strip()]
         except (KeyError, TypeError, ValueError, AttributeError):  # a results.json of another version
             summary_lines = []
+    membership = _membership(nodes, rounds_total, per_node) if "churn" in scenario else None
     curves = {key: round_bands(nodes, key) for key in
-              ("test_acc", "test_acc_aggregated", "train_loss", "test_loss", "mib_received", "epsilon")}
+              (TEST_ACC, TEST_ACC_AGGREGATED, "train_loss", "test_loss", "mib_received", "epsilon")}
     round_time = _round_time(nodes)
     for node in nodes:
         records = node.pop("records")
@@ -226,7 +241,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     return {
         "ready": True, "kind": "run", "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
         "rounds": rounds_total, "nodes": nodes, "phases": list(PHASES), "per_node": per_node,
-        "heatmaps": _heatmaps(run_dir, ids), "curves": curves, "round_time": round_time,
+        "heatmaps": _heatmaps(run_dir, ids), "curves": curves, "round_time": round_time, "membership": membership,
         "progress": {"done": node_rounds_done, "total": node_rounds_total,
                      "elapsed_s": wall if done else elapsed,
                      "eta_s": 0.0 if done else estimate_eta(node_rounds_done, node_rounds_total, elapsed)},

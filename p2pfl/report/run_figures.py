@@ -11,15 +11,17 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
+from p2pfl.report.membership_figure import plot_membership
 from p2pfl.report.style import (MAX_NODE_SERIES, PHASE_COLOURS, label_overlap, node_label, plot_nodes,
                                 protocol_panels, round_axis, save_figure)
 from p2pfl.runtime.run_folder import load_artefacts
 from p2pfl.runtime.timing import PHASES, compute_fraction
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
 
 
 def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, key in zip(axes, ("test_acc", "test_acc_aggregated")):
+    for ax, key in zip(axes, (TEST_ACC, TEST_ACC_AGGREGATED)):
         plot_nodes(ax, [(node_label(results, n), [(r["round"], r[key]) for r in n["rounds"]]) for n in results["nodes"]])
     protocol_panels(axes, "accuracy", prefix="test accuracy ")
     fig.suptitle(f"{results['scenario']['name']}: {results['algorithm']}")
@@ -342,7 +344,7 @@ def report_run(run_dir: Path) -> list[Path]:
         if p is not None:
             paths.append(p)
     for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out), plot_round_time(results, out),
-              plot_client_indices(results, out), client_index_separation(results, out)):
+              plot_client_indices(results, out), client_index_separation(results, out), plot_membership(results, out)):
         if p is not None:
             paths.append(p)
     return paths

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.errors import ConfigError
+from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED
 
 # tag -> the round record's key
 SCALARS = {
     "accuracy/after_training": "test_acc",
-    "accuracy/after_aggregation": "test_acc_aggregated",
+    "accuracy/after_aggregation": TEST_ACC_AGGREGATED,
     "accuracy/validation": "val_acc",
     "loss/training": "train_loss",
     "loss/test": "test_loss",

@@ -129,6 +129,12 @@ class RoundContext:
     seed: int = 0  # the scenario's seed: the same on every node (shared draws, encoders)
 
 
+def overrides(obj: object, base: type, hook: str) -> bool:
+    """Whether `obj` does something in `hook`: the base class's is a no-op, not worth a thread hop
+    (each is tens of microseconds, and a worker runs thousands of rounds)."""
+    return getattr(type(obj), hook) is not getattr(base, hook)
+
+
 class Strategy:
     """Base strategy: local training, share the full model, download nothing, keep own model.
 

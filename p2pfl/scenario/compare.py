@@ -30,6 +30,7 @@ from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, degraded_warning, dow
                                     refusal_warning, refused_peers)
 from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
                                    scenario_from_dict)
+from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED
 
 
 MAX_NODE_COLUMNS = 12
@@ -143,7 +144,7 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     for n in nodes:
         for r in n.get("rounds", []):
             per_round.setdefault(r["round"], []).append(r["test_acc"])
-            per_round_agg.setdefault(r["round"], []).append(r["test_acc_aggregated"])
+            per_round_agg.setdefault(r["round"], []).append(r[TEST_ACC_AGGREGATED])
     mean_by_round = {r: statistics.fmean(v) for r, v in per_round.items()}
     agg_by_round = {r: statistics.fmean(v) for r, v in per_round_agg.items()}
     last = [n["rounds"][-1] for n in nodes if n.get("rounds")]

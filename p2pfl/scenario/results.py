@@ -13,10 +13,12 @@ from typing import Any
 
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.status import ENDED_BADLY
+from p2pfl.scenario.membership import has_churn, membership_timeline
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records, write_json_atomic
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.timing import compute_fraction
+from p2pfl.runtime.node.records import PARTICIPATED, TEST_ACC, TEST_ACC_AGGREGATED
 
 
 STOPPED = -15  # the exit status the launcher gives a node it stopped (as Popen reports SIGTERM)
@@ -139,7 +141,7 @@ def refusal_warning(refused: Mapping[str, int]) -> str | None:
 
 # What two runs of one seed must agree on, per node and round. Bytes and times are left out: a
 # peer's reads land in whichever of its rounds they arrive, and wall time is never the same.
-SAME_RUN_KEYS = ("participated", "test_acc", "test_acc_aggregated", "train_loss", "asked", "arrived", "stale")
+SAME_RUN_KEYS = (PARTICIPATED, TEST_ACC, TEST_ACC_AGGREGATED, "train_loss", "asked", "arrived", "stale")
 
 
 def first_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[int, list[str]] | None:
@@ -258,6 +260,8 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "ground_truth": dict(ground_truth),
         "code_version": code_version(),
     }
+    if scenario.churn.active or has_churn(nodes):
+        out["membership"] = membership_timeline(nodes, scenario.rounds)
     indices = client_indices(nodes, coordinator)
     if indices is not None:
         out["client2vec"] = indices

@@ -7,6 +7,7 @@
     [train]       epochs, batch_size, optimizer, lr, momentum, weight_decay
     [runtime]     timeouts, message size limit, threads, ...
     [privacy]     p2pfl.privacy.PrivacySpec
+    [churn]       p2pfl.runtime.churn.ChurnSpec: joins, departures, crashes, slow nodes
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference, resolve
+from p2pfl.runtime.churn import ChurnSpec
 from p2pfl.runtime.settings import (DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
                                     DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS, WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
@@ -33,7 +35,7 @@ from p2pfl.runtime.transport import CARRIERS
 from p2pfl.training.config import TrainConfig
 
 TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
-             "attack"}
+             "attack", "churn"}
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
@@ -219,6 +221,7 @@ class Scenario:
     runtime: RuntimeSpec
     privacy: Any  # p2pfl.privacy.PrivacySpec
     attack: Any = None  # p2pfl.attacks.AttackSpec
+    churn: ChurnSpec = field(default_factory=ChurnSpec)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,6 +243,8 @@ class Scenario:
             out["algorithm"]["safeguard_level"] = self.algorithm.safeguard_level
         if self.attack is not None and self.attack.kind != "none":  # absent when off: old run folders still match
             out["attack"] = {**dataclasses.asdict(self.attack), "nodes": list(self.attack.nodes)}
+        if self.churn.active:  # absent without churn: old run folders still match
+            out["churn"] = self.churn.to_dict()
         return out
 
 
@@ -310,6 +315,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     runtime = _dataclass_from_table(RuntimeSpec, raw.get("runtime", {}), "runtime")
     privacy = PrivacySpec.from_dict(raw.get("privacy", {}), prefix="privacy")
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
+    churn = ChurnSpec.from_dict(raw.get("churn", {}), nodes=nodes, rounds=rounds)
     Topology.parse(runtime.topology).check(nodes)
 
     # From here torch loads: the model's name, and the algorithm's parameters against its class.
@@ -337,8 +343,11 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     if runtime.participation < 1 and global_step:
         raise ConfigError("runtime.participation", f"{algo_name} has a coordinator, which waits for every node; "
                                                    "partial participation needs a serverless algorithm")
+    if churn.active and strategy.needs_coordinator:
+        raise ConfigError("churn", f"{algo_name} has a coordinator; churn is played by serverless algorithms only "
+                                   "for now (the coordinator's rounds do not yet take late members)")
     return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,
-                    raw=dict(raw))
+                    churn, raw=dict(raw))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -46,3 +46,33 @@ def test_pairs_by_seed_and_leaves_out_missing_ones() -> None:
     assert paired_difference({}, {0: 0.4}).cell() == "-"
     same = paired_difference({s: 0.5 for s in range(5)}, {s: 0.4 for s in range(5)})
     assert same.p_value == 0.0 and same.verdict == "higher" and same.low == same.high == pytest.approx(0.1)
+
+
+def test_holm_matches_its_definition_on_random_p_values() -> None:
+    import itertools
+    import random
+
+    from p2pfl.core.paired import holm
+
+    rng = random.Random(0)
+    for m in range(1, 7):
+        for _ in range(50):
+            p = {f"t{i}": rng.random() ** 3 for i in range(m)}
+            adjusted = holm(p)
+            order = sorted(p, key=lambda k: (p[k], k))
+            for rank, name in enumerate(order):  # max over the earlier ones of (m - j) p_(j), capped at 1
+                expected = max(min(1.0, (m - j) * p[order[j]]) for j in range(rank + 1))
+                assert abs(adjusted[name][0] - expected) < 1e-12
+                assert adjusted[name][1] == (expected < 0.05)
+            # Step-down: rejecting is monotone in the raw p-value.
+            for a, b in itertools.combinations(order, 2):
+                assert not (adjusted[b][1] and not adjusted[a][1])
+
+
+def test_holm_is_stricter_than_each_test_alone() -> None:
+    from p2pfl.core.paired import holm
+
+    adjusted = holm({"a": 0.01, "b": 0.02, "c": 0.04})
+    assert [adjusted[k][0] for k in "abc"] == [pytest.approx(0.03), pytest.approx(0.04), pytest.approx(0.04)]
+    assert all(adjusted[k][1] for k in "abc")
+    assert holm({"a": 0.03, "b": 0.04})["a"] == (pytest.approx(0.06), False)

@@ -382,3 +382,17 @@ def test_results_are_written_whole(tmp_path: Path) -> None:
     folder.write_result("node-0", {"status": "ok", "rounds": [1, 2]})
     assert json.loads(folder.node_result("node-0").read_text()) == {"status": "ok", "rounds": [1, 2]}
     assert [p.name for p in folder.node_result("node-0").parent.iterdir()] == ["node-0.result.json"]
+
+
+def test_a_run_with_churn_shows_who_ran_each_round_so_far(tmp_path: Path) -> None:
+    folder = RunFolder(tmp_path)
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 3, "rounds": 4, "algorithm": {"name": "fedavg"},
+                                           "churn": {"join": [{"node": 2, "round": 2}]}}))
+    for nid, rounds in (("node-0", [1, 2, 3]), ("node-1", [1]), ("node-2", [2, 3])):
+        for r in rounds:
+            folder.append_round(nid, {"round": r, "test_acc": 0.5, "time": {}, "started_at": 100.0 + r})
+    membership = dashboard_state(tmp_path, now=110.0)["membership"]
+    assert membership["rounds"] == [1, 2, 3] and membership["live"] == [2, 2, 2]
+    assert membership["grid"] == [[1, 1, 1], [1, 0, 0], [0, 1, 1]] and membership["ids"] == ["node-0", "node-1", "node-2"]
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 3, "rounds": 4, "algorithm": {"name": "fedavg"}}))
+    assert dashboard_state(tmp_path, now=110.0)["membership"] is None  # no churn, no panel

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
@@ -118,3 +121,23 @@ def recording_push(session: Any, base: str, statuses: dict[str, int]) -> Any:
             statuses[name] = resp.status
 
     return push
+
+
+@contextlib.asynccontextmanager
+async def silent_peer(node: Node, peer: str = "node-1") -> AsyncIterator[None]:
+    """`peer`'s address held by a host that accepts connections and never answers: a fetch from it
+    waits its whole timeout (a machine that hangs), where a closed port is refused at once."""
+    port = urlsplit(node.transport.peers[peer]).port
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", port)
+    try:
+        yield
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+        await server.wait_closed()

@@ -24,6 +24,7 @@ from p2pfl.runtime.devices import device_of, host_snapshot, node_device
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
+from p2pfl.runtime.node.intake import RoundChecks
 
 from .helpers import write_tiny
 
@@ -38,7 +39,7 @@ def _nodes(tmp_path: Path, algorithm: str = "fedavg") -> tuple[list[Node], Path 
 
 def _on_meta(node: Node) -> None:
     node.model.to(META)
-    node.device = META
+    node.exchange.intake.device = META  # where arrivals are put
 
 
 def assert_on_model_device(node: Node, tensors: dict[str, torch.Tensor]) -> None:
@@ -62,30 +63,29 @@ def test_fetched_and_pushed_parts_arrive_on_the_model_device(tmp_path: Path) -> 
     b.strategy.fold = recording_fold  # type: ignore[method-assign]
 
     async def scenario() -> None:
-        await a.endpoint.start(a.config.host, a.config.port)
-        await b.endpoint.start(b.config.host, b.config.port)
+        await a.transport.start(a.config.host, a.config.port)
+        await b.transport.start(b.config.host, b.config.port)
         try:
-            await a.endpoint.publish(1, 1, {"full": state}, {"n_train": 5})
-            arrived = await b.gather([Fetch(a.config.id, "full")], 1)
+            await a.transport.publish(1, 1, {"full": state}, {"n_train": 5})
+            arrived = await b.exchange.gather([Fetch(a.config.id, "full")], 1, RoundChecks(1))
             assert [m.sender for m in arrived] == [a.config.id]
             assert arrived[0].tensors == {}  # folded: the node keeps none of them
             assert_on_model_device(b, folded[-1])
             b.strategy.folds_arrivals = False  # type: ignore[misc]  # the whole-list path
-            arrived = await b.gather([Fetch(a.config.id, "full")], 1)
+            arrived = await b.exchange.gather([Fetch(a.config.id, "full")], 1, RoundChecks(1))
             assert_on_model_device(b, arrived[0].tensors)
             # A push answers a fetch the node is waiting for (a has not published version 2): on the
             # model's device too.
-            b.round = 2
-            waiting = asyncio.create_task(b.gather([Fetch(a.config.id, "full")], 2))
+            waiting = asyncio.create_task(b.exchange.gather([Fetch(a.config.id, "full")], 2, RoundChecks(2)))
             await asyncio.sleep(0.2)
-            assert await a.endpoint.push(b.config.id, kind="model", part="full", round_=2, version=2,
+            assert await a.transport.push(b.config.id, kind="model", part="full", round_=2, version=2,
                                          tensors=state, meta={"n_train": 5}, timeout=5)
             pushed = await asyncio.wait_for(waiting, 4)
             assert [m.version for m in pushed] == [2]
             assert_on_model_device(b, pushed[0].tensors)
         finally:
-            await a.endpoint.close()
-            await b.endpoint.close()
+            await a.transport.close()
+            await b.transport.close()
 
     asyncio.run(scenario())
 
@@ -99,13 +99,13 @@ def test_coordinator_submissions_are_on_its_device(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         await coordinator.endpoint.start(coordinator.config.host, coordinator.config.port)
-        await a.endpoint.start(a.config.host, a.config.port)
+        await a.transport.start(a.config.host, a.config.port)
         try:
-            assert await a.endpoint.push(COORDINATOR_ID, kind="stats", part="full", round_=1, version=1,
+            assert await a.transport.push(COORDINATOR_ID, kind="stats", part="full", round_=1, version=1,
                                          tensors=host_snapshot(part_state(a.model, "full")),
                                          meta={"n_train": 3}, timeout=5)
         finally:
-            await a.endpoint.close()
+            await a.transport.close()
             await coordinator.endpoint.close()
 
     asyncio.run(scenario())

@@ -116,8 +116,8 @@ def test_ten_thousand_hostile_requests_get_no_5xx_and_change_nothing(tmp_path: P
     statuses: dict[str, dict[int, int]] = {c: {} for c in CATEGORIES}
 
     async def scenario() -> bytes:
-        await node.endpoint.start(node.config.host, node.config.port)
-        await node.endpoint.publish(1, 1, {"full": host_snapshot(part_state(node.model, "full"))}, {"n_train": 10})
+        await node.transport.start(node.config.host, node.config.port)
+        await node.transport.publish(1, 1, {"full": host_snapshot(part_state(node.model, "full"))}, {"n_train": 10})
         base = f"http://127.0.0.1:{node.config.port}"
         valid = model_frame(peer_key, node, seq=1)
         timeout = aiohttp.ClientTimeout(total=10)
@@ -141,7 +141,7 @@ def test_ten_thousand_hostile_requests_get_no_5xx_and_change_nothing(tmp_path: P
                     assert resp.status == 200
                     return await resp.read()
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     served = asyncio.run(scenario())
     server_errors = {c: {s: n for s, n in by.items() if s >= 500} for c, by in statuses.items()}
@@ -153,8 +153,8 @@ def test_ten_thousand_hostile_requests_get_no_5xx_and_change_nothing(tmp_path: P
         assert torch.equal(v, before[k]), k
     from p2pfl.wire import Roster
 
-    message = open_message(served, roster=Roster({"node-0": node.key.public_hex}), recipient="node-1", replay=None)
+    message = open_message(served, roster=Roster({"node-0": node.parts.key.public_hex}), recipient="node-1", replay=None)
     for k, v in message.torch_tensors().items():
         assert torch.equal(v, before[k]), k
-    assert node.endpoint.rejections.summary()["total"] > INPUTS // 2
-    assert len(node.endpoint.rejections.summary()["recent"]) <= 100
+    assert node.transport.rejections.summary()["total"] > INPUTS // 2
+    assert len(node.transport.rejections.summary()["recent"]) <= 100

@@ -25,20 +25,22 @@ from p2pfl.runtime.strategy import Fetch
 from p2pfl.runtime.transport import ServerLimits
 from p2pfl.wire import NodeKey, encode
 from p2pfl.wire.request import AUTH_HEADER, ReadRequest, request_for, sign_request
+from p2pfl.runtime.node.intake import RoundChecks
+from p2pfl.runtime.node.round import Round
 
-from .helpers import lone_node, model_frame, recording_push
+from .helpers import lone_node, model_frame, recording_push, silent_peer
 
 
 def _serving(tmp_path: Path, peer_key: NodeKey, limits: ServerLimits | None = None) -> Node:
     node = lone_node(tmp_path, peer_key)
     if limits is not None:
-        node.endpoint.server_limits = limits
+        node.transport.server_limits = limits
     return node
 
 
 async def _started(node: Node) -> str:
-    await node.endpoint.start(node.config.host, node.config.port)
-    await node.endpoint.publish(1, 1, {"full": host_snapshot(part_state(node.model, "full"))}, {"n_train": 10})
+    await node.transport.start(node.config.host, node.config.port)
+    await node.transport.publish(1, 1, {"full": host_snapshot(part_state(node.model, "full"))}, {"n_train": 10})
     return f"http://127.0.0.1:{node.config.port}"
 
 
@@ -80,7 +82,7 @@ def test_reads_must_be_signed_by_a_roster_member(tmp_path: Path) -> None:
                     statuses["status"] = resp.status
                     assert set(await resp.json()) == {"id", "round", "done"}
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     asyncio.run(scenario())
     assert statuses == {
@@ -89,8 +91,8 @@ def test_reads_must_be_signed_by_a_roster_member(tmp_path: Path) -> None:
         "status": 200,
     }
     # Nothing was sent but the one signed answer.
-    assert node.counter.totals()["bytes_sent"] > 0
-    assert sum(t.messages for rb in node.counter.rounds.values() for t in rb.sent.values()) == 1
+    assert node.parts.counter.totals()["bytes_sent"] > 0
+    assert sum(t.messages for rb in node.parts.counter.rounds.values() for t in rb.sent.values()) == 1
 
 
 @pytest.mark.parametrize("query", ["wait=nan", "wait=inf", "wait=-1", "wait=601", "min_version=-1",
@@ -106,7 +108,7 @@ def test_query_parameters_are_finite_and_bounded(tmp_path: Path, query: str) -> 
                 async with session.get(f"{base}/v1/parts/full?{query}", headers=_read_headers(peer_key)) as resp:
                     return resp.status, await resp.text()
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     status, text = asyncio.run(scenario())
     assert status == 400 and ("wait" in text or "min_version" in text)
@@ -136,7 +138,7 @@ def test_compressed_and_lengthless_bodies_are_refused(tmp_path: Path) -> None:
                     out.append(resp.status)
                 return out
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     assert asyncio.run(scenario()) == [415, 415, 415, 411]
 
@@ -179,7 +181,7 @@ def test_an_unauthenticated_sender_is_refused_before_its_body_is_read(tmp_path: 
                 out[name] = await _raw_post(node.config.port, head, len(frame) + 3 * 2**20 // 2, timeout=4.0)
             return out
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     answers = asyncio.run(scenario())
     for name, (answer, seconds) in answers.items():
@@ -218,7 +220,7 @@ def test_slow_and_silent_connections_are_closed_and_connections_are_capped(tmp_p
                 async with session.get(f"{base}/v1/status") as resp:
                     out["after"] = resp.status
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
         return out
 
     out = asyncio.run(scenario())
@@ -226,7 +228,7 @@ def test_slow_and_silent_connections_are_closed_and_connections_are_capped(tmp_p
     assert out["stalled"].startswith(b"HTTP/1.1 408")
     assert out["over cap"] == b""
     assert out["after"] == 200
-    kinds = {kind for (_, _, kind) in node.endpoint.rejections.counts}
+    kinds = {kind for (_, _, kind) in node.transport.rejections.counts}
     assert {"header_timeout", "read_timeout", "too_many_connections"} <= kinds
 
 
@@ -247,7 +249,7 @@ def test_concurrent_reads_per_peer_are_capped(tmp_path: Path) -> None:
 
                 return list(await asyncio.gather(*(poll(s) for s in range(10, 16))))
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     statuses = asyncio.run(scenario())
     assert sorted(statuses) == [200, 200, 200, 429, 429, 429]
@@ -268,10 +270,10 @@ def test_the_rejection_record_is_bounded_and_marks_unverified_senders(tmp_path: 
                     async with session.post(f"{base}/v1/inbox", data=frame) as resp:
                         assert resp.status == 400 or resp.status == 403
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     asyncio.run(scenario())
-    record = node.endpoint.rejections.summary()
+    record = node.transport.rejections.summary()
     assert record["total"] == 300
     assert len(record["recent"]) <= 100
     assert all(len(r["reason"]) <= 300 for r in record["recent"])
@@ -285,14 +287,16 @@ def test_pushes_are_taken_only_when_awaited_and_within_one_round(tmp_path: Path)
     statuses: dict[str, int] = {}
     arrived: list = []
 
+    checks: dict[int, RoundChecks] = {}
+
     async def scenario() -> None:
         base = await _started(node)
         try:
-            async with aiohttp.ClientSession() as session:
+            async with silent_peer(node), aiohttp.ClientSession() as session:
                 push = recording_push(session, base, statuses)
-                node.round = 3
+                checks[3] = RoundChecks(3)
                 await push("not awaited", model_frame(peer_key, node, seq=1, version=3))
-                gathering = asyncio.create_task(node.gather([Fetch("node-1", "body")], 3))
+                gathering = asyncio.create_task(node.exchange.gather([Fetch("node-1", "body")], 3, checks[3]))
                 await asyncio.sleep(0.2)
                 await push("far future", model_frame(peer_key, node, seq=2, version=2**62))
                 await push("old", model_frame(peer_key, node, seq=3, version=1))
@@ -301,7 +305,7 @@ def test_pushes_are_taken_only_when_awaited_and_within_one_round(tmp_path: Path)
                 arrived.extend(await gathering)
                 await push("after", model_frame(peer_key, node, seq=6, version=3))
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     asyncio.run(scenario())
     assert statuses == {"not awaited": 409, "far future": 409, "old": 409, "other part": 409, "awaited": 202,
@@ -344,12 +348,12 @@ def test_an_aggregate_whose_sum_overflows_with_every_value_finite_is_kept(tmp_pa
     weight = next(iter(node.model.parameters()))
     with torch.no_grad():
         weight.view(-1)[:2] = 3e38  # each finite, their float32 sum inf
-    assert torch.isinf(weight.sum()) and node._refuse_non_finite(before) is None
+    assert torch.isinf(weight.sum()) and Round(node.kit, 1).refuse_non_finite(before) is None
     assert float(weight.detach().view(-1)[0]) == pytest.approx(3e38)  # kept as aggregated
     for bad in (float("nan"), float("inf"), -float("inf")):
         with torch.no_grad():
             weight.view(-1)[5] = bad
-        assert "non-finite values in 1 tensors" in (node._refuse_non_finite(before) or "")
+        assert "non-finite values in 1 tensors" in (Round(node.kit, 1).refuse_non_finite(before) or "")
         assert all(torch.equal(v, before[k]) for k, v in node.model.state_dict().items())  # the model from before
         with torch.no_grad():
             weight.view(-1)[:2] = 3e38
@@ -364,14 +368,14 @@ def test_finding_6_a_round_in_which_a_node_received_nothing_is_flagged(tmp_path:
 
     nodes, _ = build_in_process(write_tiny(tmp_path, nodes=2, rounds=3, samples=40, timeout=3.0), tmp_path / "run")
     victim = nodes[0]
-    fetch = victim.endpoint.fetch
+    fetch = victim.transport.fetch
 
     async def locked_out_in_round_2(peer: str, part: str, round_: int, *args: Any, **kwargs: Any) -> Any:
         if round_ == 2:  # what a full connection cap does to every new connection
             return None
         return await fetch(peer, part, round_, *args, **kwargs)
 
-    victim.endpoint.fetch = locked_out_in_round_2  # type: ignore[method-assign]
+    victim.transport.fetch = locked_out_in_round_2  # type: ignore[method-assign]
     results, _, _ = run_in_process(nodes, None)
     assert (results[0]["status"], results[0]["rounds_alone"]) == ("degraded", [2])
     assert (results[1]["status"], results[1]["rounds_alone"]) == ("ok", [])
@@ -400,7 +404,7 @@ def test_finding_8_malformed_requests_log_one_rate_limited_line_not_a_traceback_
                 answers.append(await asyncio.wait_for(reader.read(200), 10))
                 writer.close()
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     with caplog.at_level(logging.DEBUG):
         asyncio.run(scenario())
@@ -445,7 +449,7 @@ def test_finding_4_a_replayed_head_and_uploads_past_the_body_budget_are_refused_
     node = _serving(tmp_path, peer_key, ServerLimits(read_timeout_s=5.0))
     frame = model_frame(peer_key, node, seq=1)
     body_bytes = len(frame) - head_length(frame[:9], len(frame))
-    node.endpoint.server_limits = ServerLimits(read_timeout_s=1.5, max_buffered_body_bytes=3 * body_bytes)
+    node.transport.server_limits = ServerLimits(read_timeout_s=1.5, max_buffered_body_bytes=3 * body_bytes)
     held: list[int] = []
 
     async def scenario() -> dict[str, Any]:
@@ -462,11 +466,11 @@ def test_finding_4_a_replayed_head_and_uploads_past_the_body_budget_are_refused_
             waits = [asyncio.create_task(_raw_post(node.config.port, f[:len(f) - body_bytes], len(f), timeout=4.0))
                      for f in fresh]
             await asyncio.sleep(0.5)
-            held.append(node.endpoint.buffered_body_bytes)
+            held.append(node.transport.buffered_body_bytes)
             out["uploads"] = await asyncio.gather(*waits)
-            held.append(node.endpoint.buffered_body_bytes)
+            held.append(node.transport.buffered_body_bytes)
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
         return out
 
     out = asyncio.run(scenario())
@@ -500,28 +504,28 @@ def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_unti
         return sock  # and never read from it
 
     async def scenario() -> None:
-        await node.endpoint.start(node.config.host, node.config.port)
-        await node.endpoint.publish(1, 1, {"full": big}, {"n_train": 10})
+        await node.transport.start(node.config.host, node.config.port)
+        await node.transport.publish(1, 1, {"full": big}, {"n_train": 10})
         base = f"http://127.0.0.1:{node.config.port}"
         try:
             stalled = [await asyncio.to_thread(stalled_read, seq) for seq in (1, 2)]
             await asyncio.sleep(0.5)
-            seen["held"] = node.endpoint._reads_by_peer.get("node-1")
+            seen["held"] = node.transport._reads_by_peer.get("node-1")
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"{base}/v1/parts/full?min_version=1",
                                        headers=_read_headers(peer_key, min_version=1, seq=3)) as resp:
                     seen["third while two are stuck"] = resp.status
             await asyncio.sleep(2.0)  # past the write timeout
-            seen["held after timeout"] = node.endpoint._reads_by_peer.get("node-1")
+            seen["held after timeout"] = node.transport._reads_by_peer.get("node-1")
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"{base}/v1/parts/full?min_version=1",
                                        headers=_read_headers(peer_key, min_version=1, seq=4)) as resp:
                     seen["after"] = (resp.status, len(await resp.read()))
             for sock in stalled:
                 sock.close()
-            seen["sent"] = node.endpoint.counter.totals()["bytes_sent"]
+            seen["sent"] = node.transport.counter.totals()["bytes_sent"]
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     asyncio.run(scenario())
     assert seen["held"] == 2 and seen["third while two are stuck"] == 429
@@ -529,5 +533,5 @@ def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_unti
     status, size = seen["after"]
     assert status == 200 and size > 32 * 2**20
     assert seen["sent"] == size  # the two cut-off answers are not counted as sent
-    timeouts = [r for r in node.endpoint.rejections if r[1] == 408 and "write timeout" in r[2]]
+    timeouts = [r for r in node.transport.rejections if r[1] == 408 and "write timeout" in r[2]]
     assert len(timeouts) == 2

@@ -11,6 +11,7 @@ import torch
 
 from p2pfl.assembly import assemble_node
 from p2pfl.models import part_state
+from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.transport.stores import published_bytes
@@ -30,25 +31,25 @@ def test_a_read_gets_the_earliest_held_version_at_or_after_the_one_asked_for(tmp
         return host_snapshot({k: torch.full_like(v, float(version)) for k, v in part_state(ahead.model, "full").items()})
 
     async def scenario_() -> dict[int, tuple[int, float]]:
-        await ahead.endpoint.start(ahead.config.host, ahead.config.port)
-        await behind.endpoint.start(behind.config.host, behind.config.port)
+        await ahead.transport.start(ahead.config.host, ahead.config.port)
+        await behind.transport.start(behind.config.host, behind.config.port)
         try:
             for version in range(1, published + 1):
-                await ahead.endpoint.publish(version, version, {"full": state_of(version)}, {"n_train": 5})
+                await ahead.transport.publish(version, version, {"full": state_of(version)}, {"n_train": 5})
                 if version == 1:
-                    assert ahead.endpoint.store.latest is not None
-                    ahead.endpoint.store.held_bytes = held * published_bytes(ahead.endpoint.store.latest)
-            assert [p.version for p in ahead.endpoint.store.recent] == [3, 4, 5]
+                    assert ahead.transport.store.latest is not None
+                    ahead.transport.store.held_bytes = held * published_bytes(ahead.transport.store.latest)
+            assert [p.version for p in ahead.transport.store.recent] == [3, 4, 5]
             got = {}
             for asked in range(1, published + 2):
-                message = await behind.endpoint.fetch(ahead.config.id, "full", asked, timeout=0.5)
+                message = await behind.transport.fetch(ahead.config.id, "full", asked, timeout=0.5)
                 assert message is not None, asked
-                tensors = behind._peer_model(message).tensors
+                tensors = behind.exchange.intake.peer_model(message, RoundChecks(asked)).tensors
                 got[asked] = (message.header.version, float(next(iter(tensors.values())).flatten()[0]))
             return got
         finally:
-            await ahead.endpoint.close()
-            await behind.endpoint.close()
+            await ahead.transport.close()
+            await behind.transport.close()
 
     got = asyncio.run(scenario_())
     oldest_held = published - held + 1

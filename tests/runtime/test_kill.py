@@ -108,3 +108,4 @@ def test_finding_10_sigterm_stops_the_run_like_ctrl_c_and_resume_loses_no_round(
     for node in results["nodes"]:
         assert node["status"] == "ok"
         assert [r["round"] for r in node["rounds"]] == list(range(1, rounds + 1))
+

@@ -20,8 +20,9 @@ from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, capped_size,
                                        part_norm)
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, Submission
 from p2pfl.wire import NodeKey, Roster, encode, open_message
+from p2pfl.runtime.node.intake import RoundChecks
 
-from .helpers import build_in_process, model_frame, recording_push, write_tiny
+from .helpers import build_in_process, model_frame, recording_push, silent_peer, write_tiny
 from .test_hardening import _serving, _started
 
 
@@ -82,32 +83,33 @@ def test_finding_2_a_pushed_part_of_huge_finite_values_is_refused_and_named(tmp_
     arrived: list = []
     huge = {k: torch.full_like(v, 3e38) for k, v in part_state(node.model, "body").items()}
 
+    checks: dict[int, RoundChecks] = {}
+
     async def scenario() -> None:
         base = await _started(node)
         try:
-            async with aiohttp.ClientSession() as session:
+            async with silent_peer(node), aiohttp.ClientSession() as session:
                 push = recording_push(session, base, statuses)
-                node.round = 1
-                node.refused = {}
-                gathering = asyncio.create_task(node.gather([Fetch("node-1", "body")], 1))
+                checks[1] = RoundChecks(1)
+                gathering = asyncio.create_task(node.exchange.gather([Fetch("node-1", "body")], 1, checks[1]))
                 await asyncio.sleep(0.2)
                 await push("huge", model_frame(peer_key, node, seq=1, tensors=huge, meta={"n_train": 10**6}))
                 await push("honest", model_frame(peer_key, node, seq=2, meta={"n_train": 10**6}))
                 arrived.extend(await gathering)
-                node.round = 2
-                gathering = asyncio.create_task(node.gather([Fetch("node-1", "body")], 2))
+                checks[2] = RoundChecks(2)
+                gathering = asyncio.create_task(node.exchange.gather([Fetch("node-1", "body")], 2, checks[2]))
                 await asyncio.sleep(0.2)
                 await push("changed n_train", model_frame(peer_key, node, seq=3, version=2, meta={"n_train": 10}))
                 gathering.cancel()
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
 
     asyncio.run(scenario())
     assert statuses == {"huge": 422, "honest": 202, "changed n_train": 422}
     (model,) = arrived
-    assert model.meta["n_train"] == 4 * len(node.data.train)  # claimed 10**6, counted 4x this node's split
-    assert "now claims n_train = 10" in node.refused["node-1"]
-    reasons = [reason for _, status, reason in node.endpoint.rejections if status == 422]
+    assert model.meta["n_train"] == 4 * len(node.parts.data.train)  # claimed 10**6, counted 4x this node's split
+    assert "now claims n_train = 10" in checks[2].refused["node-1"]
+    reasons = [reason for _, status, reason in node.transport.rejections if status == 422]
     assert any("norm" in r for r in reasons) and any("declared 1000000" in r for r in reasons)
 
 
@@ -124,7 +126,7 @@ def _coordinator(tmp_path: Path):
     nodes, coordinator = build_in_process(write_tiny(tmp_path, nodes=4, rounds=3, samples=40,
                                                      algorithm="fedavg_global"), tmp_path / "run")
     assert coordinator is not None
-    keys = {n.config.id: n.key for n in nodes}
+    keys = {n.config.id: n.parts.key for n in nodes}
     roster = Roster({nid: k.public_hex for nid, k in keys.items()})
 
     def submit(sender: str, round_: int, n_train: int, state: dict[str, torch.Tensor], seq: int) -> None:

@@ -16,8 +16,9 @@ import torch
 from p2pfl.models import part_state
 from p2pfl.runtime.strategy import Fetch
 from p2pfl.wire import NodeKey
+from p2pfl.runtime.node.intake import RoundChecks
 
-from .helpers import lone_node, model_frame
+from .helpers import lone_node, model_frame, silent_peer
 
 LIMIT = 4 * 2**20
 
@@ -56,11 +57,13 @@ def test_bad_messages_are_rejected_and_change_nothing(tmp_path):
 
     arrived: list = []
 
+    checks: dict[int, RoundChecks] = {}
+
     async def scenario() -> dict[str, int]:
-        await node.endpoint.start(node.config.host, node.config.port)
+        await node.transport.start(node.config.host, node.config.port)
         statuses: dict[str, int] = {}
         try:
-            async with aiohttp.ClientSession() as session:
+            async with silent_peer(node), aiohttp.ClientSession() as session:
                 for name, (data, _) in cases.items():
                     async with session.post(inbox, data=data) as resp:
                         statuses[name] = resp.status
@@ -68,8 +71,8 @@ def test_bad_messages_are_rejected_and_change_nothing(tmp_path):
                 # so its fetch would time out); before that it is refused as unsolicited.
                 async with session.post(inbox, data=model_frame(peer_key, node, seq=90)) as resp:
                     statuses["unsolicited"] = resp.status
-                node.round = 1
-                gathering = asyncio.create_task(node.gather([Fetch("node-1", "body")], 1))
+                checks[1] = RoundChecks(1)
+                gathering = asyncio.create_task(node.exchange.gather([Fetch("node-1", "body")], 1, checks[1]))
                 await asyncio.sleep(0.2)
                 async with session.post(inbox, data=valid) as resp:
                     statuses["valid"] = resp.status
@@ -79,7 +82,7 @@ def test_bad_messages_are_rejected_and_change_nothing(tmp_path):
                 async with session.get(f"http://127.0.0.1:{node.config.port}/v1/status") as resp:
                     statuses["status"] = resp.status
         finally:
-            await node.endpoint.close()
+            await node.transport.close()
         return statuses
 
     statuses = asyncio.run(scenario())
@@ -96,7 +99,7 @@ def test_bad_messages_are_rejected_and_change_nothing(tmp_path):
     assert [(m.sender, m.part, m.version) for m in arrived] == [("node-1", "body", 1)]
     for k, v in node.model.state_dict().items():
         assert torch.equal(v, before[k]), k
-    assert len(node.endpoint.rejections) == len(cases) + 2
+    assert len(node.transport.rejections) == len(cases) + 2
 
 
 def test_node_keeps_running_under_bad_traffic(tmp_path):

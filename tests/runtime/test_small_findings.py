@@ -14,6 +14,7 @@ import pytest
 
 from p2pfl.cli import main
 from p2pfl.models import part_state
+from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.strategy import Fetch
 from p2pfl.hosting.ports import free_ports
@@ -27,22 +28,22 @@ def test_a_served_version_past_the_last_round_is_refused_not_aggregated_as_fresh
     nodes, _ = build_in_process(write_tiny(tmp_path, nodes=2, rounds=2, samples=40, timeout=3.0), tmp_path / "run")
     victim, liar = nodes
     got: list = []
+    checks = RoundChecks(1)
 
     async def scenario() -> None:
-        await liar.endpoint.start(liar.config.host, liar.config.port)
-        await victim.endpoint.start(victim.config.host, victim.config.port)
+        await liar.transport.start(liar.config.host, liar.config.port)
+        await victim.transport.start(victim.config.host, victim.config.port)
         try:
-            await liar.endpoint.publish(2**62, 2**62, {"full": host_snapshot(part_state(liar.model, "full"))},
-                                        {"n_train": len(liar.data.train)})
-            victim.round, victim.refused = 1, {}
-            got.extend(await victim.gather([Fetch(liar.config.id, "full")], 1))
+            await liar.transport.publish(2**62, 2**62, {"full": host_snapshot(part_state(liar.model, "full"))},
+                                        {"n_train": len(liar.parts.data.train)})
+            got.extend(await victim.exchange.gather([Fetch(liar.config.id, "full")], 1, checks))
         finally:
-            await victim.endpoint.close()
-            await liar.endpoint.close()
+            await victim.transport.close()
+            await liar.transport.close()
 
     asyncio.run(scenario())
     assert got == []
-    assert "served version 4611686018427387904" in victim.refused["node-1"]
+    assert "served version 4611686018427387904" in checks.refused["node-1"]
 
 
 @pytest.mark.parametrize("node_id", ["../evil", "a/b", ".hidden", ""])
@@ -80,7 +81,7 @@ def test_a_resume_without_a_checkpoint_fails_at_once_and_writes_none(tmp_path: P
     result = asyncio.run(asyncio.wait_for(resumed.run(), timeout=node.settings.start_wait_s - 1))
     assert result["status"] == "failed" and result["error"].startswith("--resume: no checkpoint at")
     assert "Traceback" not in result["error"]
-    assert not resumed.checkpoint_path.exists()
+    assert not resumed.state.path.exists()
 
 
 def test_a_busy_dashboard_port_is_a_config_error_not_a_traceback(tmp_path: Path, capsys) -> None:

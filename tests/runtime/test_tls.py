@@ -31,11 +31,11 @@ def test_nodes_run_over_tls_and_refuse_a_wrong_fingerprint(tmp_path: Path) -> No
     assert len(roster["node"]) == 3
     assert all(p["url"].startswith("https://") and len(p["tls_fingerprint"]) == 64 for p in roster["node"])
     # node-2 is told a wrong fingerprint for node-0: a man in the middle, as far as it can tell.
-    nodes[2].endpoint._pins["node-0"] = pin("00" * 32)
+    nodes[2].transport._pins["node-0"] = pin("00" * 32)
     statuses: dict[str, object] = {}
 
     async def probes() -> None:
-        url = nodes[0].endpoint.peers["node-1"]
+        url = nodes[0].transport.peers["node-1"]
         async with aiohttp.ClientSession() as session:
             for name, target, ssl in (("plain http", url.replace("https://", "http://"), None),
                                       ("no pin", url, True)):
@@ -84,7 +84,7 @@ def test_finding_7_connections_that_never_finish_a_handshake_are_capped_and_time
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, timeout=5.0)
     nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
-    endpoint = nodes[0].endpoint
+    endpoint = nodes[0].transport
     endpoint.server_limits = ServerLimits(max_connections=4, handshake_timeout_s=3.0)
     seen: dict[str, object] = {}
 

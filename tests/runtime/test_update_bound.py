@@ -11,6 +11,7 @@ import torch
 
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
+from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.peer_claims import (ClaimRefused, FlatCopy, bound_update, check_magnitude, flattened, own_norms,
                                       part_norm, update_norm)
 from p2pfl.scenario.results import bounded_warning, far_bounded_peers, refused_peers
@@ -159,28 +160,28 @@ def test_a_node_pulls_a_sign_flipped_part_back_and_names_its_sender(tmp_path: Pa
 
     peer_key = NodeKey.generate()
     node = _serving(tmp_path, peer_key)
-    node.settings = dataclasses.replace(node.settings, update_bound=3.0, update_refuse=0.0)
-    node.ctx.round_start = {k: v.detach().clone() for k, v in node.model.state_dict().items()}
+    intake = node.exchange.intake
+    intake.settings = dataclasses.replace(intake.settings, update_bound=3.0, update_refuse=0.0)
+    checks = RoundChecks(1, round_start={k: v.detach().clone() for k, v in node.model.state_dict().items()})
     with torch.no_grad():  # this node's own training this round: 0.01 on every body parameter
         for name, p in node.model.named_parameters():
             if name.startswith("body."):
                 p.add_(0.01)
-    start = part_state_of(node.ctx.round_start, "body")
+    start = part_state_of(checks.round_start, "body")
     own = update_norm(part_state(node.model, "body"), start)
     flipped = {k: v - 1000 * 0.02 if v.is_floating_point() else v for k, v in start.items()}  # sign-flipped x1000
     roster = Roster({"node-1": peer_key.public_hex})
     message = open_message(model_frame(peer_key, node, tensors=flipped), roster=roster, recipient="node-0", replay=None)
-    node.bounded = {}
-    taken = node._peer_model(message)
+    taken = intake.peer_model(message, checks)
     assert update_norm(taken.tensors, start) == pytest.approx(3.0 * own, rel=1e-4)
-    assert "node-1" in node.bounded and "pulled back" in node.bounded["node-1"]
+    assert "node-1" in checks.bounded and "pulled back" in checks.bounded["node-1"]
 
     honest = {k: v + 0.015 if v.is_floating_point() else v for k, v in start.items()}  # 1.5x own: inside
-    node.bounded = {}
+    checks = RoundChecks(1, round_start=checks.round_start)
     message = open_message(model_frame(peer_key, node, seq=2, tensors=honest), roster=roster, recipient="node-0",
                            replay=None)
-    assert all(torch.equal(node._peer_model(message).tensors[k], honest[k]) for k in honest)
-    assert node.bounded == {}
+    assert all(torch.equal(intake.peer_model(message, checks).tensors[k], honest[k]) for k in honest)
+    assert checks.bounded == {}
 
 
 def test_a_part_far_over_the_bound_is_refused_and_named(tmp_path: Path) -> None:
@@ -190,25 +191,25 @@ def test_a_part_far_over_the_bound_is_refused_and_named(tmp_path: Path) -> None:
 
     peer_key = NodeKey.generate()
     node = _serving(tmp_path, peer_key)
-    node.settings = dataclasses.replace(node.settings, update_bound=1.0, update_refuse=100.0)
-    node.ctx.round_start = {k: v.detach().clone() for k, v in node.model.state_dict().items()}
+    intake = node.exchange.intake
+    intake.settings = dataclasses.replace(intake.settings, update_bound=1.0, update_refuse=100.0)
+    checks = RoundChecks(1, round_start={k: v.detach().clone() for k, v in node.model.state_dict().items()})
     with torch.no_grad():
         for name, p in node.model.named_parameters():
             if name.startswith("body."):
                 p.add_(0.01)
-    start = part_state_of(node.ctx.round_start, "body")
+    start = part_state_of(checks.round_start, "body")
     roster = Roster({"node-1": peer_key.public_hex})
     flipped = {k: v - 1000 * 0.01 if v.is_floating_point() else v for k, v in start.items()}  # 1000x over
-    node.bounded, node.refused = {}, {}
     message = open_message(model_frame(peer_key, node, tensors=flipped), roster=roster, recipient="node-0", replay=None)
     with pytest.raises(ClaimRefused, match="1000 times over 1 x its own update"):
-        node._peer_model(message)
-    assert node.bounded == {}
+        intake.peer_model(message, checks)
+    assert checks.bounded == {}
     farther = {k: v + 50 * 0.01 if v.is_floating_point() else v for k, v in start.items()}  # 50x over: pulled back
     message = open_message(model_frame(peer_key, node, seq=2, tensors=farther), roster=roster, recipient="node-0",
                            replay=None)
-    node._peer_model(message)
-    assert node.bounded_factor["node-1"] == pytest.approx(50.0, rel=1e-3)
+    intake.peer_model(message, checks)
+    assert checks.bounded_factor["node-1"] == pytest.approx(50.0, rel=1e-3)
 
 
 def test_a_wrong_update_refuse_is_named() -> None:

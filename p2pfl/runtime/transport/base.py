@@ -192,6 +192,10 @@ class Carrier:
             self.counter.received(CONTROL, message.total_bytes, 0)
             self._depart(message.header.sender, str(message.header.meta.get("reason", "")))
             return 202, "accepted"
+        if message.header.sender in self.departed:  # gone is gone: nothing it sends later is taken
+            self.counter.received(REJECTED, message.total_bytes, 0)
+            self.rejections.add(message.header.sender, 410, "departed", "said goodbye earlier")
+            return 410, f"{message.header.sender} said goodbye; this node takes nothing more from it"
         try:
             self.on_message(message)
         except ValueError as exc:
@@ -212,6 +216,15 @@ class Carrier:
             task.cancel()
         if self.on_departed is not None:
             self.on_departed(peer, reason)
+
+    # ---- the medium: a carrier's own -----------------------------------------------------
+    _listen_at: tuple[str, int] = ("", 0)  # where `start` was asked to serve: `listen` serves there again
+
+    async def listen(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot serve again after stop_listening")
+
+    async def stop_listening(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot stop serving and go on reaching peers")
 
     # ---- reaching peers ---------------------------------------------------------------
     async def _fetch(self, peer: str, part: str, min_version: int, timeout: float) -> Message | None:

@@ -20,9 +20,18 @@ from p2pfl.wire import Message
 
 
 class ColocatedEndpoint(InMemory, Endpoint):
-    async def start(self, host: str, port: int) -> None:
-        await Endpoint.start(self, host, port)
-        self._register(host, port)
+    async def start(self, host: str, port: int, *, listening: bool = True) -> None:
+        await Endpoint.start(self, host, port, listening=listening)
+        if listening:
+            self._register(host, port)
+
+    async def listen(self) -> None:
+        await Endpoint.listen(self)
+        self._register(*self._listen_at)
+
+    async def stop_listening(self) -> None:
+        self._unregister()
+        await Endpoint.stop_listening(self)
 
     async def close(self) -> None:
         self._unregister()

@@ -119,10 +119,8 @@ class InMemory(Carrier):
         backoff = self.retry_s
         while (remaining := deadline - loop.time()) > 0:
             target = self._in_memory(peer)
-            if target is None:  # not started yet, or gone: as a refused connection
-                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
-                backoff = min(backoff * 2, 2.0)
-                continue
+            if target is None:  # nobody at its address (not started, crashed, gone): a refused connection, no wait
+                return None
             token = request_for(self.key, self.node_id, peer, part, min_version, self.next_seq())
             try:
                 data = await target.serve_read(token, part, min_version, min(remaining, MAX_WAIT_S - 1))
@@ -141,24 +139,18 @@ class InMemory(Carrier):
 
     async def _push_in_memory(self, target: str, *, kind: str, part: str, round_: int, version: int,
                               tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float) -> bool:
+        """One hand-over: a carrier in memory answers at once, and an absent one is a refused connection."""
         body = await asyncio.to_thread(encode_body, tensors)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        backoff = self.retry_s
-        while deadline - loop.time() > 0:
-            peer = self._in_memory(target)
-            if peer is None:
-                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
-                backoff = min(backoff * 2, 5.0)
-                continue
-            frame = seal(key=self.key, kind=kind, sender=self.node_id, recipient=target, round=round_, version=version,
-                         seq=self.next_seq(), part=part, meta=meta, body=body)
-            self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
-            status, text = peer.receive(frame)
-            if status == 202:
-                return True
-            self.log.warning("push to %s: HTTP %d %s", target, status, text[:200])
+        peer = self._in_memory(target)
+        if peer is None:
             return False
+        frame = seal(key=self.key, kind=kind, sender=self.node_id, recipient=target, round=round_, version=version,
+                     seq=self.next_seq(), part=part, meta=meta, body=body)
+        self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
+        status, text = peer.receive(frame)
+        if status == 202:
+            return True
+        self.log.warning("push to %s: HTTP %d %s", target, status, text[:200])
         return False
 
     def _status_in_memory(self, peer: str) -> dict[str, Any] | None:
@@ -171,8 +163,17 @@ class InMemory(Carrier):
 
 
 class LoopbackCarrier(InMemory):
-    async def start(self, host: str, port: int) -> None:
-        self._register(host, port)
+    async def start(self, host: str, port: int, *, listening: bool = True) -> None:
+        self._listen_at = (host, port)
+        if listening:
+            self._register(host, port)
+
+    async def listen(self) -> None:
+        self._register(*self._listen_at)
+
+    async def stop_listening(self) -> None:
+        await self.withdraw()
+        self._unregister()
 
     async def close(self) -> None:
         self._unregister()

@@ -39,9 +39,18 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self.handshaking: weakref.WeakSet[GuardedProtocol] = weakref.WeakSet()
         self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
 
-    async def start(self, host: str, port: int) -> None:
-        await self._start_server(host, port)
+    async def start(self, host: str, port: int, *, listening: bool = True) -> None:
+        self._listen_at = (host, port)
+        if listening:
+            await self._start_server(host, port)
         self._session = aiohttp.ClientSession()
+
+    async def listen(self) -> None:
+        await self._start_server(*self._listen_at)
+
+    async def stop_listening(self) -> None:
+        await self.withdraw()  # what it served is gone, as with a process that died; waiting reads end now
+        await self._close_server()
 
     async def close(self) -> None:
         if self._session is not None:

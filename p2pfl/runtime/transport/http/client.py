@@ -78,6 +78,12 @@ class HttpClient:
             except aiohttp.ServerFingerprintMismatch as exc:
                 self._pin_mismatch(peer, exc)
                 return None
+            except aiohttp.ClientConnectorError as exc:
+                if _refused(exc):  # a closed port is an answer: nobody serves there now (crashed, restarting, gone)
+                    return None
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 2.0)
+                continue
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError,
                     asyncio.IncompleteReadError):  # the connection closed before the declared length
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
@@ -117,6 +123,11 @@ class HttpClient:
             except aiohttp.ServerFingerprintMismatch as exc:
                 self._pin_mismatch(target, exc)
                 return False
+            except aiohttp.ClientConnectorError as exc:
+                if _refused(exc):
+                    return False
+                await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                backoff = min(backoff * 2, 5.0)
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 5.0)
@@ -137,3 +148,8 @@ class HttpClient:
                 return json.loads(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
+
+
+def _refused(exc: aiohttp.ClientConnectorError) -> bool:
+    """The peer's host answered that nothing listens on its port (RST): unlike a silent host, worth no wait."""
+    return isinstance(exc.os_error, ConnectionRefusedError)

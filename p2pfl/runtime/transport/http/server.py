@@ -47,6 +47,7 @@ class HttpServer:
             self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        self._server, self._runner = None, None
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()

@@ -1,0 +1,185 @@
+"""The node's traffic with its peers over its `Transport`: publishing a round's parts, pushes,
+gathering what the strategy asked for (a fetch answered by the peer's server or by its push,
+whichever comes first), and the setup exchange before round 1."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from p2pfl.models import part_state
+from p2pfl.runtime.devices import host_snapshot
+from p2pfl.runtime.node.intake import Intake, RoundChecks
+from p2pfl.runtime.node.neighbours import Neighbours
+from p2pfl.runtime.peer_claims import ClaimRefused
+from p2pfl.runtime.precision import quantize
+from p2pfl.runtime.run_folder import ArtefactSink
+from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy, overrides, setup_part
+from p2pfl.runtime.transport import Transport
+
+
+class Exchange:
+    def __init__(self, transport: Transport, intake: Intake, neighbours: Neighbours, strategy: Strategy,
+                 ctx: RoundContext, settings: NodeSettings, log: logging.Logger) -> None:
+        self.transport, self.intake, self.neighbours = transport, intake, neighbours
+        self.strategy, self.ctx, self.settings, self.log = strategy, ctx, settings, log
+
+    async def publish(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Serve `parts` (host snapshots) as this node's version `round_`, with the strategy's metadata."""
+        meta = {"n_train": self.intake.n_train, **self.strategy.shared_meta(self.ctx)}
+        await self.transport.publish(round_, round_, parts, meta)
+
+    async def republish(self, round_: int) -> None:
+        """Serve the model as it is now (a restored one), so peers that accept stale parts need not wait a round."""
+        if round_ and self.strategy.shared_parts:
+            precision = self.settings.wire_precision
+            await self.publish(round_, {p: quantize(host_snapshot(part_state(self.ctx.model, p)), precision)
+                                        for p in self.strategy.shared_parts})
+
+    async def probe_watched(self, round_: int) -> None:
+        """Ask each watched neighbour (replaced for its silence) whether it is back: a closed port
+        answers at once, a silent host within a second."""
+        watched = sorted(self.neighbours.watched)
+        if not watched:
+            return
+        statuses = await asyncio.gather(*(self.transport.status_of(p, timeout=1.0) for p in watched))
+        for peer, status in zip(watched, statuses):
+            if status is not None and not status.get("done"):
+                self.neighbours.returned(peer, round_)
+
+    async def send_pushes(self, pushes: list[Push], round_: int) -> None:
+        timeout = self.settings.fetch_timeout_s
+        await asyncio.gather(*(
+            self.transport.push(p.target, kind=p.kind, part=p.part, round_=round_, version=round_,
+                                tensors=p.tensors, meta=p.meta, timeout=timeout)
+            for p in pushes
+        ))
+
+    async def gather(self, fetches: list[Fetch], round_: int, checks: RoundChecks, wait: float | None = None,
+                     versions: Mapping[str, int] | None = None) -> list[PeerModel]:
+        """The version `round_` (or later) of each fetch, checked into `checks`. `wait`: the longest
+        wait for each fetch (default: fetch_timeout_s for a peer, coordinator_wait_s for the
+        coordinator). `versions`: the version asked of a peer where it is not `round_` (a neighbour
+        that sits out this round: the last round it took part in)."""
+        versions = versions or {}
+        settings, transport = self.settings, self.transport
+        loop = asyncio.get_running_loop()
+        self.intake.current = checks
+        checks.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in transport.peers}
+
+        async def one(fetch: Fetch) -> PeerModel | None:
+            if fetch.peer not in transport.peers:
+                self.log.warning("strategy asked for unknown peer %r", fetch.peer)
+                return None
+            if fetch.peer in self.neighbours.unreachable and await transport.status_of(fetch.peer, timeout=1.0) is None:
+                # Gone last round and not answering now (killed, or its machine is down): one
+                # quick probe instead of fetch_timeout_s in every later round.
+                return None
+            longest = wait if wait is not None else (
+                settings.coordinator_wait_s if fetch.peer == COORDINATOR_ID else settings.fetch_timeout_s)
+            fetched = asyncio.ensure_future(transport.fetch(fetch.peer, fetch.part, versions.get(fetch.peer, round_),
+                                                            longest))
+            pushed = checks.awaiting[(fetch.peer, fetch.part)]
+            try:
+                await asyncio.wait({fetched, pushed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not fetched.done():
+                    fetched.cancel()
+            if pushed.done():
+                return pushed.result()
+            message = fetched.result()
+            if message is None:
+                return None
+            if message.header.version < round_ and not settings.accept_stale:
+                return None
+            try:
+                if fetch.part in self.intake.specs and message.header.version > settings.rounds:
+                    # No honest peer publishes a round's model past the last round (setup parts count steps).
+                    raise ClaimRefused(f"{fetch.peer} served version {message.header.version} of "
+                                       f"{fetch.part}; the run has {settings.rounds} rounds")
+                return self.intake.peer_model(message, checks)
+            except ClaimRefused as exc:
+                checks.refused[fetch.peer] = str(exc)
+                transport.rejections.add(fetch.peer, exc.status, exc.reason, str(exc))
+                return None
+
+        async def folded(fetch: Fetch) -> PeerModel | None:
+            arrival = await one(fetch)
+            if arrival is None or not self.strategy.folds_arrivals or not self.strategy.fold(self.ctx, arrival):
+                return arrival
+            return dataclasses.replace(arrival, tensors={})  # folded: its tensors can go
+
+        try:
+            results = await asyncio.gather(*(folded(f) for f in fetches))
+        finally:
+            for waiting in checks.awaiting.values():
+                waiting.cancel()
+            checks.awaiting = {}
+        self.neighbours.answered({f.peer for f in fetches}, {f.peer for f, r in zip(fetches, results) if r is None},
+                                 round_)
+        return [r for r in results if r is not None]
+
+    async def run_setup(self, counter: Any, artefacts: ArtefactSink) -> tuple[bool, dict[str, Any] | None]:
+        """`Strategy.setup` with the setup exchange open; its bytes and records are round 0's.
+        Returns whether it ran (the base class's is a no-op) and what the run keeps of it (None:
+        it exchanged and recorded nothing)."""
+        t0 = time.perf_counter()
+        counter.begin_round(0)
+        artefacts.begin_round(0)
+        if not overrides(self.strategy, Strategy, "setup"):  # no thread for nothing (a worker starts hundreds of nodes)
+            return False, None
+        loop = asyncio.get_running_loop()
+        self.ctx.exchange = SetupExchange(self, loop)
+        # A thread of its own: setup blocks on exchanges that need the loop's default executor
+        # (encoding), which nodes sharing a process would otherwise fill with waiting setups.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{self.ctx.node_id}-setup") as pool:
+            try:
+                await loop.run_in_executor(pool, self.strategy.setup, self.ctx)
+            finally:
+                self.ctx.exchange = None
+        summary = counter.round_summary(0)
+        if summary.get("bytes_sent") or summary.get("bytes_received") or artefacts.records:
+            return True, {**summary, "wall_s": time.perf_counter() - t0, "strategy": dict(artefacts.records)}
+        return True, None
+
+
+class SetupExchange:
+    """`p2pfl.runtime.strategy.SetupExchange` over an `Exchange`: blocking calls from the strategy's
+    worker thread, run on the node's event loop."""
+
+    def __init__(self, exchange: Exchange, loop: asyncio.AbstractEventLoop) -> None:
+        self.exchange, self.loop = exchange, loop
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def publish(self, step: int, parts: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None:
+        snapshot = {setup_part(name): host_snapshot(dict(t)) for name, t in parts.items()}
+        meta = {"n_train": self.exchange.intake.n_train, **meta}
+        self._run(self.exchange.transport.publish(step, 0, snapshot, meta))
+
+    def push(self, step: int, pushes: Any) -> None:
+        async def send() -> list[bool]:
+            timeout = self.exchange.settings.fetch_timeout_s
+            return await asyncio.gather(*(
+                self.exchange.transport.push(p.target, kind=p.kind, part=p.part, round_=0, version=step,
+                                             tensors=host_snapshot(dict(p.tensors)), meta=p.meta, timeout=timeout)
+                for p in pushes
+            ))
+
+        refused = [p.target for p, ok in zip(pushes, self._run(send())) if not ok]
+        if refused:
+            raise RuntimeError(f"setup step {step}: {refused} did not take this node's push (see their rejections)")
+
+    def fetch(self, step: int, fetches: Any) -> list[PeerModel]:
+        """Waits up to setup_wait_s: a step may need many earlier ones (other nodes' training) first."""
+        named = [Fetch(f.peer, setup_part(f.part)) for f in fetches]
+        return self._run(self.exchange.gather(named, step, RoundChecks(0), wait=self.exchange.settings.setup_wait_s))

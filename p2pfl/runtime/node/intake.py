@@ -1,0 +1,134 @@
+"""What arrives from a peer: the carrier's callbacks (which tensors and metadata a part must carry,
+pushes) and a verified message turned into a `PeerModel`, its claims bounded on the way
+(`p2pfl.runtime.peer_claims`). What a round learns about arrivals lives on that round's
+`RoundChecks`, made anew for each gather."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from p2pfl.models import SplitModel, part_spec, part_state
+from p2pfl.runtime.devices import to_device
+from p2pfl.runtime.metadata import MODEL_META, Schema
+from p2pfl.runtime.node.neighbours import Neighbours
+from p2pfl.runtime.node.parts import PEER_PARTS
+from p2pfl.runtime.peer_claims import (ClaimRefused, Flattened, bound_update, capped_size, check_magnitude, flattened,
+                                      own_norms, update_norm)
+from p2pfl.runtime.precision import dequantize, wire_spec
+from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.strategy import COORDINATOR_ID, PartDecl, PeerModel
+from p2pfl.wire import Message
+
+
+class PushRefused(ValueError):
+    status = 409
+    reason = "unsolicited_push"
+
+
+@dataclass
+class RoundChecks:
+    """One gather's arrivals: what it waits for, and what it refused or pulled back, and why."""
+
+    round: int
+    round_start: dict[str, torch.Tensor] = field(default_factory=dict)  # the bound's anchor (empty: unbounded)
+    # (peer, part) -> the push that may answer this gather's fetch of it, while the gather waits.
+    awaiting: dict[tuple[str, str], asyncio.Future[PeerModel]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)          # peer -> why its part was refused
+    bounded: dict[str, str] = field(default_factory=dict)          # peer -> how its part was pulled back
+    bounded_factor: dict[str, float] = field(default_factory=dict)  # peer -> how many times over the bound it lay
+    own_norms: dict[str, float] = field(default_factory=dict)      # part -> its norm, what a peer's is bounded by
+    own_updates: dict[str, float] = field(default_factory=dict)    # part -> how far this round's training moved it
+
+
+class Intake:
+    """The node's side of its carrier's callbacks. `current` is the gather in progress (or the
+    last one): a push is taken only while it waits for exactly that (sender, part)."""
+
+    def __init__(self, model: SplitModel, n_train: int, device: torch.device, settings: NodeSettings,
+                 extra: dict[str, PartDecl], neighbours: Neighbours) -> None:
+        self.model, self.n_train, self.device, self.settings = model, n_train, device, settings
+        self.specs = {part: part_spec(model, part) for part in PEER_PARTS}
+        self.extra = extra  # parts besides the model's own (the coordinator's replies, setup parts)
+        self.neighbours = neighbours
+        self.current = RoundChecks(0)
+
+    def expected(self, kind: str, part: str) -> dict[str, tuple[tuple[int, ...], str]] | None:
+        if kind != "model":
+            return None
+        if part in self.extra:  # declared by the strategy; they travel at full precision
+            return self.extra[part].spec
+        spec = self.specs.get(part)
+        return None if spec is None else wire_spec(spec, self.settings.wire_precision)
+
+    def meta_schema(self, kind: str, part: str) -> Schema | None:
+        if kind != "model":
+            return None
+        return self.extra[part].meta if part in self.extra else MODEL_META
+
+    def on_push(self, message: Message) -> None:
+        """A peer pushed a part. Taken only while this node's gather waits for exactly that
+        (sender, part), at a version within one round of its own; it then answers the fetch."""
+        h, checks = message.header, self.current
+        waiting = checks.awaiting.get((h.sender, h.part))
+        if waiting is None or waiting.done():
+            raise PushRefused(f"{h.sender}/{h.part} was not asked for (this node is in round {checks.round})")
+        if not checks.round - 1 <= h.version <= checks.round + 1:
+            raise PushRefused(f"version {h.version} of {h.sender}/{h.part} is not within one round of {checks.round}")
+        try:
+            waiting.set_result(self.peer_model(message, checks))
+        except ClaimRefused as exc:
+            checks.refused[h.sender] = str(exc)
+            raise
+
+    def peer_model(self, message: Message, checks: RoundChecks) -> PeerModel:
+        """A verified message as a strategy sees it: every tensor already on this node's device,
+        its claims bounded (ClaimRefused when over a bound)."""
+        h = message.header
+        tensors = message.torch_tensors()
+        meta: dict[str, Any] = dict(h.meta)
+        settings = self.settings
+        if h.part not in self.extra:  # a model part; the strategy's extra parts (setup steps, statistics) are its own
+            tensors = dequantize(tensors, self.specs[h.part], settings.wire_precision)
+            bounded = h.sender != COORDINATOR_ID and bool(checks.round_start) and settings.update_bound > 0
+            if h.part not in checks.own_norms:  # once per part and round: the own model is still while parts arrive
+                checks.own_norms[h.part], update = own_norms(part_state(self.model, h.part),
+                                                             checks.round_start if bounded else None)
+                if update is not None:
+                    checks.own_updates[h.part] = update
+            flat = flattened(tensors) if bounded else None  # one float64 copy of the part for both bounds
+            check_magnitude(h.sender, h.part, tensors, checks.own_norms[h.part], settings.max_norm_ratio, flat)
+            if bounded:
+                tensors = self.bounded(h.sender, h.part, tensors, checks, flat)
+            if h.sender != COORDINATOR_ID and "n_train" in meta:
+                self.neighbours.declared_sizes.check(h.sender, int(meta["n_train"]))
+                meta["n_train"] = capped_size(meta["n_train"], self.n_train, settings.max_weight_ratio)
+        return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
+
+    def bounded(self, sender: str, part: str, tensors: dict[str, torch.Tensor], checks: RoundChecks,
+                flat: Flattened | None = None) -> dict[str, torch.Tensor]:
+        """`tensors` within `update_bound` times this node's own update of `part` this round
+        (`p2pfl.runtime.peer_claims.bound_update`, which uses up `flat`); a part pulled back names
+        its sender in the round."""
+        settings = self.settings
+        if not settings.update_bound > 0:
+            return tensors
+        start = checks.round_start  # the bound pairs each tensor of the part with its start
+        if part not in checks.own_updates:
+            checks.own_updates[part] = update_norm(part_state(self.model, part), start)
+        clipped = bound_update(tensors, start, checks.own_updates[part], settings.update_bound, flat)
+        if clipped is None:
+            return tensors
+        tensors, distance, bound = clipped
+        refuse = settings.update_refuse
+        if refuse > 0 and distance >= refuse * bound:
+            raise ClaimRefused(f"{sender}/{part} moved {distance:.3g} from this node's round start, {distance / bound:.0f} "
+                               f"times over {settings.update_bound:g} x its own update ({bound:.3g}; refused from "
+                               f"{refuse:g} times over, runtime.update_refuse)")
+        checks.bounded[sender] = (f"{part} moved {distance:.3g} from this node's round start, over "
+                                  f"{settings.update_bound:g} x its own update ({bound:.3g}); pulled back to it")
+        checks.bounded_factor[sender] = max(checks.bounded_factor.get(sender, 0.0), round(distance / bound, 3))
+        return tensors

@@ -1,0 +1,286 @@
+"""A node's life: prepare, listen, wait for its peers, set up, one `Round` per round (taken part in
+or sat out), decide its end status, linger or withdraw, and report its result.
+
+No global barrier: each round the node trains, publishes a new version, gathers what its
+strategy asked for (waiting at most `fetch_timeout_s` per peer), aggregates, and moves on.
+Training runs in a worker thread so that the server keeps answering peers meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from p2pfl.runtime.checkpoint import CheckpointError
+from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.node.exchange import Exchange
+from p2pfl.runtime.node.intake import Intake
+from p2pfl.runtime.node.membership import Membership
+from p2pfl.runtime.node.neighbours import Neighbours
+from p2pfl.runtime.node.parts import NodeParts
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, Stage, isolated, rounds_alone
+from p2pfl.runtime.node.round import Round, RoundKit
+from p2pfl.runtime.node.scoring import Scorer
+from p2pfl.runtime.node.state import NodeState
+from p2pfl.runtime.participation import participation_rng, takes_part
+from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
+from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.strategy import COORDINATOR_ID, RoundContext
+from p2pfl.runtime.transport import Transport
+
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
+class Node:
+    """Runs rounds: train, publish, gather what the strategy asks for, aggregate, checkpoint.
+
+    `on_round` hears each round's record (with the node's `id`) as the round ends; `run` returns the node's
+    result. Whoever hosts the node decides where they go (`p2pfl.assembly`).
+    """
+
+    def __init__(self, config: NodeConfig, settings: NodeSettings, parts: NodeParts, *, resume: bool = False,
+                 on_round: RoundCallback | None = None) -> None:
+        self.config, self.settings, self.parts, self.resume = config, settings, parts, resume
+        self.on_round = on_round or (lambda _: None)
+        self.log = logging.getLogger(f"p2pfl.{config.id}")
+        self.stage = Stage.BUILT
+        folder = RunFolder(config.out)
+        artefacts = ArtefactSink(config.id, folder.artefacts)
+        members = [p for p in parts.transport.peers if p != COORDINATOR_ID]
+        self.neighbours = Neighbours(parts.neighbours, parts.peer_rounds, self.log, members=members, seed=parts.seed)
+        self.ctx = RoundContext(
+            node_id=config.id, round=0, rounds=settings.rounds, peers=self.neighbours.asked, model=parts.model,
+            data=parts.data, trainer=parts.trainer, rng=np.random.default_rng(parts.seed), artefacts=artefacts,
+            log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
+            seed=settings.seed, unreachable=self.neighbours.unreachable, departed=self.neighbours.departed,
+        )
+        intake = Intake(parts.model, len(parts.data.train), parts.device, settings,
+                        parts.strategy.extra_parts(parts.model), self.neighbours)
+        self.exchange = Exchange(parts.transport, intake, self.neighbours, parts.strategy, self.ctx, settings, self.log)
+        parts.transport.attach(expected_for=intake.expected, meta_schema_for=intake.meta_schema,
+                               on_message=intake.on_push, status=self._status, on_departed=self._on_departed)
+        parts.transport.expect_readers(self.neighbours.asked)  # the graph is undirected; the coordinator is pushed to
+        self.participation_rng = participation_rng(parts.seed)
+        self.state = NodeState(config.id, folder.checkpoint(config.id), parts, settings, self.ctx,
+                               self.participation_rng, self.neighbours, self.log)
+        self.scorer = Scorer(parts.model, parts.data, parts.trainer, parts.safeguard)
+        self.membership = Membership(parts.transport, self.exchange, self.neighbours, self.state, settings, self.log)
+        self.kit = RoundKit(parts, settings, self.ctx, self.exchange, self.neighbours, self.scorer, artefacts, self.log)
+
+    # The parts a host, a test or a benchmark reaches for by name.
+    @property
+    def transport(self) -> Transport:
+        return self.parts.transport
+
+    @property
+    def model(self) -> Any:
+        return self.parts.model
+
+    @property
+    def strategy(self) -> Any:
+        return self.parts.strategy
+
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        return self.state.rounds
+
+    @property
+    def round(self) -> int:
+        return self.ctx.round
+
+    def _on_departed(self, peer: str, reason: str) -> None:
+        self.neighbours.depart(peer, reason, self.ctx.round)
+
+    def _status(self) -> dict[str, Any]:
+        # Public (unauthenticated): liveness and round only.
+        return {"id": self.config.id, "round": self.ctx.round, "done": self.stage is Stage.DONE}
+
+    def write_checkpoint(self, durable: bool = True) -> None:
+        self.state.write(self.stage >= Stage.SET_UP, durable)
+
+    def restore(self) -> int:
+        """Load the last checkpoint; returns the last complete round (CheckpointError: nothing applied)."""
+        last, set_up = self.state.restore()
+        if set_up:
+            self.stage = Stage.SET_UP
+        self.ctx.round = last
+        return last
+
+    def prepare(self) -> None:
+        """What a fresh node does before it listens (once; nothing for a resumed node):
+
+        * round 0's checkpoint: a node killed in round 1 resumes from it, and its checkpoint files
+          are made now, not in round 1 (under `perf record -a`, 1000 files made there were 9 % of
+          its CPU: ext4 without a journal looks past every inode freed in the last minute for each);
+        * under partial participation, its model as built, scored: what it reports for the rounds
+          it sits out before it first trains, so that sitting a round out is no work beyond
+          serving (at 10 % participation, 900 of 1000 nodes scored their models in round 1).
+
+        `run` calls it; a worker of many nodes calls it for each node as it builds them, so that no
+        node's preparation falls into another's first round."""
+        if self.resume or self.stage >= Stage.PREPARED:
+            return
+        self.stage = Stage.PREPARED
+        self.write_checkpoint(False)
+        if self.settings.participation < 1:  # else it never sits a round out
+            self.scorer.last = self.scorer.model_scores()
+
+    async def _set_up(self) -> None:
+        ran, self.state.setup_record = await self.exchange.run_setup(self.parts.counter, self.kit.artefacts)
+        if ran:
+            self.scorer.last = None  # setup may have changed the model
+        self.stage = Stage.SET_UP
+
+    async def _rounds(self, first: int) -> str:
+        """Rounds `first`..last, as the node's churn script has it; the status they end with: "ok",
+        "budget_exhausted", "left" (it said goodbye) or "crashed" (it stopped dead for good)."""
+        sc, privacy, script = self.settings, self.parts.privacy, self.parts.script
+        self.stage = Stage.IN_ROUNDS
+        r = first
+        while r <= sc.rounds:
+            if privacy is not None and privacy.exhausted():
+                self.log.warning("stopping before round %d: another round would exceed the epsilon budget "
+                                 "(epsilon so far %.3f)", r, privacy.epsilon() or 0.0)
+                return "budget_exhausted"
+            if r == script.leave:
+                self.membership.events.append({"round": r, "event": "left", "at": time.time()})
+                return "left"
+            if r == script.crash:
+                came_back = await self.membership.crash(r, script.restart)
+                if came_back is None:
+                    return "crashed"
+                r, last = came_back
+                self._skip_draws(last + 1, r)
+                continue
+            participates = takes_part(self.participation_rng, sc.participation)
+            one = Round(self.kit, r)
+            if participates:
+                self.state.trained = True
+            record = (await (one.run() if participates else one.sit_out())).to_json()
+            self.state.rounds.append(record)
+            if self._checkpoints_after(r, participates):
+                await asyncio.to_thread(self.write_checkpoint, False)
+            self.on_round({"id": self.config.id, **record})
+            r += 1
+        return "ok"
+
+    def _skip_draws(self, start: int, stop: int) -> None:
+        """The participation draws of rounds `start`..`stop - 1`, which this node was not there for:
+        its neighbours computed its schedule from round 1 on."""
+        for _ in range(start, stop):
+            takes_part(self.participation_rng, self.settings.participation)
+
+    async def run(self) -> dict[str, Any]:
+        cfg, sc, transport, script = self.config, self.settings, self.parts.transport, self.parts.script
+        self.prepare()
+        late = script.join > 1 and not self.resume  # it is not there before its round: nothing to serve
+        await transport.start(cfg.host, cfg.port, listening=not late)
+        self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
+        started = time.perf_counter()
+        status, error, goodbye, resume_failed = "ok", None, "", False
+        try:
+            first = 1
+            if self.resume:  # before the start wait: a missing or foreign checkpoint is an error now
+                first = await asyncio.to_thread(self.restore) + 1
+                self.state.restarts.append({"after_round": first - 1, "at": time.time()})
+            if late:
+                first = await self.membership.join(script.join, self.parts.strategy.shared_parts, script.catch_up)
+                self.ctx.round = first - 1
+                self._skip_draws(1, first)
+            else:
+                # Not a barrier: a node starts once its peers are up or start_wait_s has passed, so
+                # that peers still starting (importing torch) do not slow its first round.
+                awaited = set(self.neighbours.asked) - self.parts.joins_late
+                if cfg.coordinator is not None:
+                    awaited.add(COORDINATOR_ID)
+                silent = await transport.wait_until_up(awaited, sc.start_wait_s)
+                if silent:
+                    self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
+            if self.resume:
+                await self.exchange.republish(self.ctx.round)
+                first = await self.membership.rejoin(first - 1)
+                self._skip_draws(self.ctx.round + 1, first)
+            if self.stage < Stage.SET_UP:  # else restored from a checkpoint taken after it
+                await self._set_up()
+            status = await self._rounds(first)
+            if status == "budget_exhausted":
+                goodbye = f"privacy budget exhausted before round {self.ctx.round + 1}"
+            elif status == "left":
+                goodbye = f"left before round {self.membership.events[-1]['round']}"
+            status = self._end_status(status)
+        except CheckpointError as exc:  # --resume with no usable checkpoint: the reason, no traceback
+            status, error, resume_failed = "failed", str(exc), True
+            goodbye = f"cannot resume: {exc}"
+            self.log.error("cannot resume: %s", exc)
+        except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
+            status = "failed"
+            error = "".join(traceback.format_exception(exc))
+            goodbye = f"failed in round {self.ctx.round}: {exc!r}"
+            self.log.error("node failed:\n%s", error)
+        self.stage = Stage.DONE
+        if status == "crashed":
+            pass  # stopped dead: it says nothing and serves nothing
+        elif status not in ("ok", "isolated"):
+            # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
+            await transport.withdraw()
+            await transport.say_goodbye(sorted(transport.peers), goodbye)
+        else:
+            await transport.linger(set(self.neighbours.asked), sc.linger_s)
+        # Closed before the result is taken, so that every message the node answered (and
+        # every rejection) is in it.
+        await transport.close()
+        result = self.result(status, error, time.perf_counter() - started)
+        result["checkpoint"] = str(self.state.path)
+        if status != "crashed" and not resume_failed and (status != "failed" or not self.state.path.exists()):
+            # Again at exit, with the final byte totals (linger included); a failed round's
+            # half-trained model never replaces the last good checkpoint, and a resume that
+            # found none writes no round-0 one (the next --resume would silently start over).
+            # Off the event loop: this write waits for the disk (synced), and nodes sharing the
+            # process may still be in their last round.
+            await asyncio.to_thread(self.write_checkpoint)
+        return result
+
+    def _end_status(self, status: str) -> str:
+        if status == "ok" and isolated(self.state.rounds):
+            self.log.warning("ended isolated: asked for peers in %d rounds and none ever answered",
+                             sum(1 for x in self.state.rounds if x.get("asked")))
+            return "isolated"
+        if status == "ok" and rounds_alone(self.state.rounds):
+            self.log.warning("rounds %s: asked for peers and received nothing (peers refused or unreachable: "
+                             "a flood of connections, a network down); the run went on with its own model",
+                             rounds_alone(self.state.rounds))
+            return "degraded"
+        return status
+
+    def _checkpoints_after(self, r: int, participated: bool) -> bool:
+        """Whether round `r` ends with a checkpoint: a round taken part in whose number is a
+        multiple of `checkpoint_every` (a resume always has round 0's to go on from), other than
+        the last. A round sat out changes no model: a resume replays it from the participation
+        stream the last checkpoint holds (at 10 % participation, checkpointing the 900 of 1000
+        nodes that sat a round out had cost more than the round's training). The last round's
+        state is what the node's end checkpoint holds, written after it lingers: a second write
+        of it was a quarter of a 1000-node run's checkpoint CPU, in the round every node is still
+        finishing (`python benchmarks/round_cpu.py`); a node killed while it lingers runs its
+        last round again on --resume."""
+        return participated and r % self.settings.checkpoint_every == 0 and r < self.settings.rounds
+
+    def result(self, status: str, error: str | None, wall_s: float) -> dict[str, Any]:
+        rounds, data, transport = self.state.rounds, self.parts.data, self.parts.transport
+        last = rounds[-1] if rounds else {}
+        return {
+            "id": self.config.id, "index": self.config.index, "status": status, "error": error,
+            "domain": data.domain, "device": str(self.parts.device),
+            "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test),
+            "rounds": rounds, "setup": self.state.setup_record,
+            "final_test_acc": last.get(TEST_ACC), "final_test_acc_aggregated": last.get(TEST_ACC_AGGREGATED),
+            "final_epsilon": last.get("epsilon"), "rounds_alone": rounds_alone(rounds),
+            "restarts": self.state.restarts, "membership": self.membership.events,
+            "totals": self.parts.counter.totals(),
+            "rejected": transport.rejections.summary(), "wall_s": wall_s,
+        }

@@ -1,0 +1,131 @@
+"""A node that comes and goes: joining a running federation from its neighbours' newest model,
+stopping dead (a crash), and coming back from its checkpoint in the round its neighbours are in.
+
+The node learns where the federation is from its neighbours' public status (their round), and
+takes a model only as a verified, signed part, checked like any other arrival.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from p2pfl.models import part_state
+from p2pfl.runtime.node.exchange import Exchange
+from p2pfl.runtime.node.intake import RoundChecks
+from p2pfl.runtime.node.neighbours import Neighbours
+from p2pfl.runtime.node.state import NodeState
+from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.transport import Transport
+from p2pfl.wire import Message
+
+RETRY_S = (0.1, 1.0)  # first and longest pause before asking again when no neighbour could be reached
+
+
+class NoFederation(RuntimeError):
+    """No neighbour answered, or none reached the round awaited, within the wait."""
+
+
+class Membership:
+    def __init__(self, transport: Transport, exchange: Exchange, neighbours: Neighbours, state: NodeState,
+                 settings: NodeSettings, log: logging.Logger) -> None:
+        self.transport, self.exchange, self.neighbours = transport, exchange, neighbours
+        self.state, self.settings, self.log = state, settings, log
+        self.events: list[dict[str, Any]] = []  # joined, crashed, restarted, left: with their rounds
+
+    async def federation_at(self, at_least: int, part: str) -> Message | None:
+        """A neighbour's `part` at version `at_least` or later: the first of the neighbours' answers
+        (a read waits on the neighbour's server until it publishes that version, so a round that
+        passes quickly is not missed). None at once for `at_least` <= 0."""
+        if at_least <= 0:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.setup_wait_s
+        pause = RETRY_S[0]
+        while loop.time() < deadline:
+            pending = {asyncio.ensure_future(self.transport.fetch(p, part, at_least, deadline - loop.time()))
+                       for p in self.neighbours.asked}
+            try:
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    answers = [m for m in (t.result() for t in done) if m is not None]
+                    if answers:
+                        return max(answers, key=lambda m: m.header.version)
+            finally:
+                for task in pending:
+                    task.cancel()
+            await asyncio.sleep(min(pause, max(deadline - loop.time(), 0)))  # none up: crashed, or not yet
+            pause = min(pause * 2, RETRY_S[1])
+        raise NoFederation(f"no neighbour of {sorted(self.neighbours.asked)} served round {at_least} within "
+                           f"{self.settings.setup_wait_s:.0f} s (runtime.setup_wait_s)")
+
+    async def furthest(self) -> int:
+        """The furthest round a neighbour reports now (one look; 0 when none answers)."""
+        statuses = await asyncio.gather(*(self.transport.status_of(p, timeout=2.0) for p in self.neighbours.asked))
+        return max((int(s.get("round", 0)) for s in statuses if s and not s.get("done")), default=0)
+
+    async def rejoin(self, restored: int) -> int:
+        """A node resumed from its checkpoint after round `restored`: the round it goes on with. Its
+        neighbours' round when they are two or more rounds past it (it was down while they went
+        on), else the next one (a whole run resumed together replays as it ran)."""
+        now = await self.furthest()
+        if now < restored + 2:
+            return restored + 1
+        self.events.append({"round": now, "event": "restarted", "after_round": restored, "at": time.time()})
+        self.log.info("resumed after round %d; its neighbours are in round %d: rejoins there", restored, now)
+        return now
+
+    async def join(self, join_round: int, shared_parts: tuple[str, ...], catch_up: bool = True) -> int:
+        """Join a running federation: take a neighbour's model of the round before `join_round`
+        (or newer; with `catch_up` False only its round number, and keep the initial model), and
+        serve. Returns the first round this node runs: `join_round`, or the one after the version
+        taken if the neighbours are past it."""
+        parts = ("full",) if "full" in shared_parts else tuple(p for p in ("body", "head") if p in shared_parts)
+        first_message = await self.federation_at(join_round - 1, parts[0])
+        peer, version = None, None
+        if first_message is not None:
+            peer, version = first_message.header.sender, first_message.header.version
+            if catch_up:
+                await self._take_model(first_message, parts[1:])
+        first = max(join_round, (version or 0) + 1)
+        await self.transport.listen()
+        self.events.append({"round": first, "event": "joined", "from": peer if catch_up else None,
+                            "version": version if catch_up else None, "at": time.time()})
+        self.log.info("joined in round %d with %s's model (version %s)", first, peer, version)
+        return first
+
+    async def _take_model(self, first: Message, more_parts: tuple[str, ...]) -> None:
+        """Load the model parts of `first`'s sender at `first`'s version, each checked as any arrival."""
+        checks, peer, version = RoundChecks(0), first.header.sender, first.header.version
+        loaded = dict(self.exchange.intake.peer_model(first, checks).tensors)
+        for part in more_parts:
+            message = await self.transport.fetch(peer, part, version, self.settings.fetch_timeout_s)
+            if message is None:
+                raise NoFederation(f"{peer} served {first.header.part} version {version} but not {part}")
+            loaded.update(self.exchange.intake.peer_model(message, checks).tensors)
+        model = self.exchange.ctx.model
+        own = part_state(model, "full")
+        model.load_state_dict({**own, **{k: v for k, v in loaded.items() if k in own}})
+        self.state.trained = True
+
+    async def crash(self, round_: int, restart: int | None) -> tuple[int, int] | None:
+        """Stop dead before `round_` (the port refuses, nothing is said). With `restart`: come back
+        from the checkpoint in the round the neighbours are in (at least `restart`); returns that
+        round and the last round the checkpoint held. None: it stays down."""
+        await self.transport.stop_listening()
+        self.events.append({"round": round_, "event": "crashed", "at": time.time()})
+        self.log.warning("crashed before round %d (churn schedule)%s", round_,
+                         "" if restart is None else f"; back in round {restart}")
+        if restart is None:
+            return None
+        message = await self.federation_at(restart - 1, "full" if "full" in self.exchange.strategy.shared_parts
+                                           else self.exchange.strategy.shared_parts[0])
+        last, _ = await asyncio.to_thread(self.state.restore)
+        back = max(restart, 0 if message is None else message.header.version + 1)
+        await self.transport.listen()
+        await self.exchange.republish(last)
+        self.state.restarts.append({"after_round": last, "at": time.time()})
+        self.events.append({"round": back, "event": "restarted", "after_round": last, "at": time.time()})
+        return back, last

@@ -1,0 +1,154 @@
+"""The neighbour table: whom this node asks, who answered, who departed or is suspected, who sits
+a round out, and since which round (Flower's `ClientManager`, for a peer-to-peer node).
+
+A node keeps `target` neighbours (the topology's degree) out of the members it knows to be live:
+a neighbour that says goodbye, or stays silent in two gathers running, is replaced by a member
+drawn from the rest of the roster (who *may* be a member). A silent one is watched: probed each
+round, and taken back when it answers again (a restarted node), its stand-in let go.
+
+The strategy sees `ctx.peers`, `ctx.unreachable` and `ctx.departed`: the first is set from this
+table each round, the other two are this table's own sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from p2pfl.runtime.participation import version_to_ask
+from p2pfl.runtime.peer_claims import DeclaredSizes
+from p2pfl.runtime.strategy import Fetch
+
+WARN_EVERY = 5  # rounds between two warnings about the same silent peer
+
+
+class Neighbours:
+    def __init__(self, asked: Iterable[str], peer_rounds: Mapping[str, frozenset[int]] | None = None,
+                 log: logging.Logger | None = None, *, members: Iterable[str] = (), seed: int = 0) -> None:
+        self.asked: tuple[str, ...] = tuple(sorted(asked))  # whom this node fetches from and waits for
+        self.target = len(self.asked)
+        self.members = tuple(sorted(set(members) | set(self.asked)))  # who may be asked instead (the roster)
+        self.peer_rounds = dict(peer_rounds or {})  # the rounds each takes part in, where known (participation, joins)
+        self.departed: set[str] = set()      # said goodbye: never asked again
+        self.unreachable: set[str] = set()   # asked last time and did not answer: probed before it is waited for
+        self.watched: set[str] = set()       # replaced for its silence: probed each round, taken back when it answers
+        self.stand_ins: dict[str, str] = {}  # replacement -> the neighbour it stands in for
+        self.reasons: dict[str, str] = {}    # departed peer -> the reason it gave
+        self.events: dict[int, dict[str, Any]] = {}  # round -> what changed in the table then
+        self.declared_sizes = DeclaredSizes()
+        self.seed = seed
+        self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
+        self.log = log or logging.getLogger("p2pfl")
+
+    def _note(self, round_: int, kind: str, peer: str, value: Any = None) -> None:
+        event = self.events.setdefault(round_, {})
+        if value is None:
+            event.setdefault(kind, []).append(peer)
+        else:
+            event.setdefault(kind, {})[peer] = value
+
+    def depart(self, peer: str, reason: str, round_: int) -> None:
+        """`peer` said goodbye (signed): it is not waited for again, and a neighbour is replaced."""
+        if peer in self.departed:
+            return
+        self.departed.add(peer)
+        self.unreachable.add(peer)
+        self.watched.discard(peer)
+        self.reasons[peer] = reason
+        if peer in self.asked:
+            self._note(round_, "departed", peer)
+            self._replace(peer, round_)
+
+    def answered(self, asked: Iterable[str], silent: Iterable[str], round_: int) -> None:
+        """The outcome of a gather: `silent` peers are suspected until they answer again; one silent
+        twice running (its probe failed too) is replaced and watched."""
+        silent, before = set(silent), set(self.unreachable)
+        for peer in sorted(silent & before - self.departed):
+            if peer in self.asked and self.target:
+                self._note(round_, "suspected", peer)
+                self.watched.add(peer)
+                self._replace(peer, round_)
+        self.unreachable.clear()
+        self.unreachable.update(silent | self.departed)
+
+    def returned(self, peer: str, round_: int) -> None:
+        """A watched neighbour answered its probe: asked again, and its stand-in (if any) let go."""
+        if peer not in self.watched or peer in self.departed:
+            return
+        self.watched.discard(peer)
+        self.unreachable.discard(peer)
+        self._note(round_, "returned", peer)
+        stand_in = next((s for s, gone in self.stand_ins.items() if gone == peer and s in self.asked), None)
+        asked = set(self.asked) | {peer}
+        if stand_in is not None:
+            asked.discard(stand_in)
+            del self.stand_ins[stand_in]
+        self.asked = tuple(sorted(asked))
+
+    def _replace(self, gone: str, round_: int) -> None:
+        """`gone` is asked no more; a member drawn from the rest stands in for it, the same draw on
+        every run with this seed (one stream per node, round and departed neighbour)."""
+        asked = set(self.asked) - {gone}
+        excluded = asked | self.departed | self.unreachable | self.watched | {gone}
+        candidates = [m for m in self.members if m not in excluded and self._joined(m, round_ + 1)]
+        if candidates and len(asked) < self.target:
+            rng = np.random.default_rng([self.seed, round_, zlib.crc32(gone.encode())])
+            chosen = candidates[int(rng.integers(len(candidates)))]
+            asked.add(chosen)
+            self.stand_ins[chosen] = self.stand_ins.pop(gone, gone)
+            self._note(round_, "replaced", gone, chosen)
+        self.asked = tuple(sorted(asked))
+
+    def _joined(self, peer: str, round_: int) -> bool:
+        rounds_in = self.peer_rounds.get(peer)
+        return rounds_in is None or any(r <= round_ for r in rounds_in)
+
+    def to_ask(self, fetches: list[Fetch], r: int, accept_stale: bool) -> tuple[list[Fetch], dict[str, int], list[str]]:
+        """The fetches worth making in round `r`, the version asked of each neighbour that sits `r`
+        out (the last round it took part in: served at once), and the neighbours left out (nothing
+        published yet, or stale versions not taken)."""
+        kept, versions, sat_out = [], {}, set()
+        for fetch in fetches:
+            version = version_to_ask(self.peer_rounds.get(fetch.peer), r, accept_stale)
+            if version is None:
+                sat_out.add(fetch.peer)
+                continue
+            if version != r:
+                versions[fetch.peer] = version
+            kept.append(fetch)
+        return kept, versions, sorted(sat_out)
+
+    def warn_silent(self, r: int, silent: set[str]) -> set[str]:
+        """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY
+        rounds; returns those peers, less the ones that said goodbye."""
+        unanswered = silent - self.departed
+        for peer in sorted(unanswered):
+            if r - self._warned.get(peer, -WARN_EVERY) >= WARN_EVERY:
+                self._warned[peer] = r
+                self.log.warning("round %d: %s did not answer (no warning about it again for %d rounds)",
+                                 r, peer, WARN_EVERY - 1)
+        return unanswered
+
+    def changes(self) -> dict[str, Any]:
+        """What changed in the table since the last call (for the round's record): departed,
+        suspected, replaced (gone -> stand-in), returned; a goodbye that came between two rounds
+        is in the next one's."""
+        merged: dict[str, Any] = {}
+        for round_ in sorted(self.events):
+            for kind, value in self.events[round_].items():
+                if isinstance(value, dict):
+                    merged.setdefault(kind, {}).update(value)
+                else:
+                    merged.setdefault(kind, []).extend(value)
+        self.events.clear()
+        return merged
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"declared_sizes": dict(self.declared_sizes.pinned)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.declared_sizes = DeclaredSizes(state.get("declared_sizes"))  # checkpoints made before it carry none

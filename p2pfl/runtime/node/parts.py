@@ -1,0 +1,43 @@
+"""What a node runs with: built by `p2pfl.assembly`, or in code by a test (the node builds nothing itself)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from p2pfl.attacks import Attack
+from p2pfl.data import NodeData
+from p2pfl.models import SplitModel
+from p2pfl.runtime.accounting import ByteCounter
+from p2pfl.runtime.churn import NodeScript
+from p2pfl.runtime.safeguard import Safeguard
+from p2pfl.runtime.strategy import Strategy
+from p2pfl.runtime.transport import Transport
+from p2pfl.training.trainer import LocalTrainer, PrivacyMechanism
+from p2pfl.wire import NodeKey
+
+PEER_PARTS = ("body", "head", "full")
+
+
+@dataclass
+class NodeParts:
+    data: NodeData
+    device: torch.device
+    model: SplitModel
+    trainer: LocalTrainer
+    strategy: Strategy
+    fresh_strategy: Callable[[], Strategy]  # a new one with the same parameters: restore tries a checkpoint on it first
+    privacy: PrivacyMechanism | None        # p2pfl.privacy's DP-SGD or output noise, or None
+    attack: Attack | None
+    key: NodeKey
+    transport: Transport
+    counter: ByteCounter
+    neighbours: tuple[str, ...]             # whom this node fetches from and waits for at first (runtime.topology)
+    seed: int
+    safeguard: Safeguard = field(default_factory=Safeguard)  # algorithm.safeguard: none, MixSafeguard, LocalSafeguard
+    # Under partial participation: the rounds each neighbour takes part in (`p2pfl.runtime.participation`).
+    peer_rounds: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    script: NodeScript = NodeScript()       # its part of the churn schedule ([churn])
+    joins_late: frozenset[str] = frozenset()  # neighbours that join after round 1: not waited for at the start

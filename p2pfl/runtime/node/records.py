@@ -1,0 +1,114 @@
+"""What a node reports: one record per round (taken part in or sat out), its lifecycle stage, and
+the run's end status rules. The round record's keys are declared here once; a sat-out round is
+the same type with the training and exchange fields at their empty values."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Stage(enum.IntEnum):
+    """Where a node is in its life (hivemind's `AveragingStage`, for a whole node); ordered."""
+
+    BUILT = 0        # constructed, nothing written
+    PREPARED = 1     # round 0's checkpoint written (a fresh node), or a resume pending
+    SET_UP = 2       # Strategy.setup ran, or its outcome was restored from a checkpoint
+    IN_ROUNDS = 3
+    DONE = 4         # its end status is decided; it serves nothing new
+
+
+def epsilon_for_json(epsilon: float | None) -> float | str | None:
+    """JSON has no infinity; σ = 0 (clipping without noise) gives ε = ∞, written as "inf"."""
+    if epsilon is not None and math.isinf(epsilon):
+        return "inf"
+    return epsilon
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round of one node, as results.json, the rounds file and the checkpoint keep it (`to_json`)."""
+
+    round: int
+    participated: bool
+    test_acc: float           # the model the node deploys, after its local training
+    test_loss: float
+    test_acc_aggregated: float
+    # The federated model on the validation split, after training and after aggregation: what
+    # `p2pfl compare` picks a swept hyperparameter on (never on the test split).
+    val_acc: float | None
+    val_acc_aggregated: float | None
+    train_loss: float | None
+    train_steps: int
+    traffic: Mapping[str, Any]  # the byte counter's summary of the round (bytes_sent, bytes_received, ...)
+    wall_s: float
+    started_at: float
+    time: Mapping[str, float]   # seconds per phase (p2pfl.runtime.timing)
+    epsilon: float | str | None
+    asked: int = 0
+    arrived: Sequence[str] = ()
+    stale: Sequence[str] = ()
+    # Asked for, not answered, and not gone with a goodbye: the count a run's summary checks for an
+    # overloaded machine or a network that drops peers.
+    unanswered: int = 0
+    strategy: Mapping[str, Any] = field(default_factory=dict)
+    # Rounds each aggregated peer part lay behind this round (0: current); empty when none was stale.
+    staleness: Mapping[str, int] = field(default_factory=dict)
+    # What changed in the neighbour table: departed, suspected, replaced (gone -> stand-in), returned.
+    neighbours: Mapping[str, Any] = field(default_factory=dict)
+    peers_refused: Mapping[str, str] = field(default_factory=dict)   # claims over a bound (peer_claims)
+    sat_out: Sequence[str] = ()                  # neighbours sitting this round out with nothing to take
+    peers_bounded: Mapping[str, str] = field(default_factory=dict)   # pulled back within runtime.update_bound
+    peers_bounded_factor: Mapping[str, float] = field(default_factory=dict)
+    aggregate_refused: str | None = None
+    safeguard: Mapping[str, Any] = field(default_factory=dict)  # the safeguard's own keys, flat in the JSON
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "round": self.round, "participated": self.participated, "test_acc": self.test_acc,
+            "test_loss": self.test_loss, "test_acc_aggregated": self.test_acc_aggregated, "val_acc": self.val_acc,
+            "val_acc_aggregated": self.val_acc_aggregated, "train_loss": self.train_loss,
+            "train_steps": self.train_steps, **self.traffic, "wall_s": self.wall_s, "started_at": self.started_at,
+            "time": dict(self.time), "epsilon": self.epsilon, "asked": self.asked, "arrived": list(self.arrived),
+            "stale": list(self.stale), "unanswered": self.unanswered, "strategy": dict(self.strategy),
+        }
+        optional = {"staleness": self.staleness, "neighbours": self.neighbours, "peers_refused": self.peers_refused,
+                    "sat_out": self.sat_out,
+                    "peers_bounded": self.peers_bounded, "peers_bounded_factor": self.peers_bounded_factor}
+        doc.update({k: (list(v) if k == "sat_out" else dict(v)) for k, v in optional.items() if v})
+        if self.aggregate_refused is not None:
+            doc["aggregate_refused"] = self.aggregate_refused
+        doc.update(self.safeguard)
+        return doc
+
+
+# Readers of round records kept as JSON (results.json, rounds files, checkpoints) name keys by these.
+ROUND = "round"
+PARTICIPATED = "participated"
+TEST_ACC = "test_acc"
+TEST_ACC_AGGREGATED = "test_acc_aggregated"
+VAL_ACC = "val_acc"
+VAL_ACC_AGGREGATED = "val_acc_aggregated"
+EPSILON = "epsilon"
+BYTES_SENT = "bytes_sent"
+BYTES_RECEIVED = "bytes_received"
+
+
+def participated(record: Mapping[str, Any]) -> bool:
+    """Records written before sitting out existed carry no flag: those rounds were taken part in."""
+    return bool(record.get(PARTICIPATED, True))
+
+
+def rounds_alone(rounds: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Rounds in which the node asked for peers that had not said goodbye and received nothing:
+    it learned from no one there, which a run's status must not call ok."""
+    return [x[ROUND] for x in rounds
+            if participated(x) and x.get("asked") and not x.get("arrived") and x.get("unanswered")]
+
+
+def isolated(rounds: Sequence[Mapping[str, Any]]) -> bool:
+    """The strategy asked for peers and, over the whole run, none ever answered."""
+    return any(x.get("asked") for x in rounds) and not any(x.get("arrived") for x in rounds)

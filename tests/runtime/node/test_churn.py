@@ -1,0 +1,139 @@
+"""Nodes that join, leave, crash and come back while the others keep learning: whole node lives
+(`Node.run`) on one event loop, built in code. Every wait that churn could cost is set far above
+what a round takes (fetch_timeout_s = 60 s), so a wait paid shows as a round of a minute."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from p2pfl.models import part_state
+from p2pfl.runtime.churn import NodeScript
+from p2pfl.runtime.node import Node
+from p2pfl.runtime.node.round import Round
+
+from .kit import SETTINGS, code_nodes
+
+RING = [[1, 3], [0, 2], [1, 3], [2, 0]]  # four nodes, two neighbours each
+SLOW_WAIT_S = 60.0
+PATIENT = dataclasses.replace(SETTINGS, fetch_timeout_s=SLOW_WAIT_S, start_wait_s=SLOW_WAIT_S)
+
+
+def run_all(nodes: list[Node]) -> list[dict[str, Any]]:
+    async def everything() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(n.run() for n in nodes)))
+
+    return asyncio.run(everything())
+
+
+def exchange_seconds(result: dict[str, Any]) -> list[float]:
+    return [r["time"]["exchange_s"] for r in result["rounds"]]
+
+
+def assert_no_wait_paid(results: list[dict[str, Any]]) -> None:
+    """No round of any node waited anything like fetch_timeout_s for a peer that was gone."""
+    for result in results:
+        assert max(exchange_seconds(result), default=0.0) < SLOW_WAIT_S / 4, (result["id"], exchange_seconds(result))
+
+
+def test_a_node_that_joins_mid_run_starts_from_its_neighbours_newest_model(tmp_path: Path) -> None:
+    scripts = [NodeScript(), NodeScript(), NodeScript(join=3)]
+    nodes = code_nodes(tmp_path, 3, [[1, 2], [0, 2], [0, 1]], settings=PATIENT, scripts=scripts)
+    published: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+    for node in nodes[:2]:
+        publish = node.transport.publish
+
+        async def recording(version: int, round_: int, parts: Any, meta: Any, *rest: Any, _publish: Any = publish,
+                            _id: str = node.config.id) -> None:
+            published[(_id, version)] = {k: v.clone() for k, v in parts["full"].items()}
+            await _publish(version, round_, parts, meta, *rest)
+
+        node.transport.publish = recording  # type: ignore[method-assign]
+    at_first_round: dict[str, torch.Tensor] = {}
+    run = Round.run
+
+    async def capturing(self: Round) -> Any:
+        if self.kit.ctx.node_id == "node-2" and not at_first_round:
+            at_first_round.update({k: v.clone() for k, v in part_state(self.kit.parts.model, "full").items()})
+        return await run(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Round, "run", capturing)
+        results = run_all(nodes)
+    joiner = results[2]
+    assert [r["round"] for r in joiner["rounds"]] == [3, 4]
+    [joined] = joiner["membership"]
+    assert joined["event"] == "joined" and joined["round"] == 3 and joined["version"] == 2
+    taken = published[(joined["from"], joined["version"])]
+    assert set(taken) == set(at_first_round)
+    assert all(torch.equal(at_first_round[k], taken[k]) for k in taken), "the joiner trained on from another model"
+    # Its neighbours did not wait for it before it joined, and took its parts after.
+    for result in results[:2]:
+        assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+        assert all("node-2" not in r["arrived"] for r in result["rounds"][:2])
+        assert "node-2" in result["rounds"][3]["arrived"]
+    assert_no_wait_paid(results)
+
+
+def test_a_goodbye_costs_no_timeout_and_the_neighbour_is_replaced(tmp_path: Path) -> None:
+    scripts = [NodeScript(), NodeScript(), NodeScript(leave=2), NodeScript()]
+    results = run_all(code_nodes(tmp_path, 4, RING, settings=PATIENT, scripts=scripts))
+    assert results[2]["status"] == "left" and [r["round"] for r in results[2]["rounds"]] == [1]
+    assert results[2]["membership"][0]["event"] == "left"
+    for i in (1, 3):  # node-2's neighbours: each takes a stand-in from the rest of the roster
+        result = results[i]
+        assert result["status"] == "ok" and [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+        changes = [r["neighbours"] for r in result["rounds"] if r.get("neighbours")]
+        assert changes and changes[0]["departed"] == ["node-2"]
+        stand_in = changes[0]["replaced"]["node-2"]
+        assert stand_in not in ("node-2", result["id"])
+        assert stand_in in result["rounds"][-1]["arrived"] and result["rounds"][-1]["unanswered"] == 0
+    assert_no_wait_paid(results)
+
+
+def test_a_crashed_node_costs_its_neighbours_no_timeout_and_rejoins_where_they_are(tmp_path: Path) -> None:
+    """A crash closes the port (refused at once) and says nothing; the node comes back from its
+    checkpoint and runs the round its neighbours are in; its neighbours take it back."""
+    scripts = [NodeScript(), NodeScript(crash=2, restart=4), NodeScript(), NodeScript()]
+    settings = dataclasses.replace(PATIENT, rounds=5)
+    results = run_all(code_nodes(tmp_path, 4, RING, settings=settings, scripts=scripts))
+    crashed = results[1]
+    assert crashed["status"] == "ok"
+    events = {e["event"]: e for e in crashed["membership"]}
+    assert events["crashed"]["round"] == 2 and events["restarted"]["after_round"] == 1
+    back = events["restarted"]["round"]
+    assert back >= 4 and [r["round"] for r in crashed["rounds"]] == [1, *range(back, 6)]
+    for i in (0, 2):  # its neighbours: it was missing, then asked again and answered
+        rounds = results[i]["rounds"]
+        assert "node-1" not in rounds[1]["arrived"]  # round 2: it had crashed
+        assert "node-1" in rounds[-1]["arrived"]
+        assert results[i]["status"] == "ok"
+    assert_no_wait_paid(results)
+
+
+def test_a_departed_node_is_never_asked_again_and_its_later_messages_are_refused(tmp_path: Path) -> None:
+    a, b = code_nodes(tmp_path, 2, [[1], [0]])
+    state = {k: v.clone() for k, v in part_state(b.model, "full").items()}
+
+    async def scenario() -> tuple[bool, Any]:
+        for node in (a, b):
+            await node.transport.start(node.config.host, node.config.port)
+        try:
+            await b.transport.say_goodbye([a.config.id], "leaving")
+            pushed = await b.transport.push(a.config.id, kind="model", part="full", round_=1, version=1,
+                                            tensors=state, meta={"n_train": 24}, timeout=2.0)
+            fetched = await a.transport.fetch(b.config.id, "full", 1, timeout=2.0)
+            return pushed, fetched
+        finally:
+            for node in (a, b):
+                await node.transport.close()
+
+    pushed, fetched = asyncio.run(scenario())
+    assert pushed is False and fetched is None
+    assert ("node-1", 410, "departed") in set(a.transport.rejections.counts)
+    assert "node-1" in a.neighbours.departed and "node-1" not in a.neighbours.asked

@@ -1,0 +1,101 @@
+"""A round driven through its own seam: nodes built in code, a `Round` run on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+from p2pfl.models import part_state
+from p2pfl.runtime.devices import host_snapshot
+from p2pfl.runtime.node import Node, RoundRecord
+from p2pfl.runtime.node.round import Round
+
+from .kit import SETTINGS, code_nodes
+
+
+async def _serving(nodes: list[Node]) -> None:
+    for node in nodes:
+        await node.transport.start(node.config.host, node.config.port)
+
+
+async def _closing(nodes: list[Node]) -> None:
+    for node in nodes:
+        await node.transport.close()
+
+
+def _published(node: Node) -> dict:
+    return {"full": host_snapshot(part_state(node.model, "full"))}
+
+
+def test_a_round_built_in_code_takes_its_neighbours_part_and_records_it(tmp_path: Path) -> None:
+    a, b = code_nodes(tmp_path, 2, [[1], [0]])
+
+    async def scenario() -> RoundRecord:
+        await _serving([a, b])
+        try:
+            await b.transport.publish(1, 1, _published(b), {"n_train": 24})
+            return await Round(a.kit, 1).run()
+        finally:
+            await _closing([a, b])
+
+    record = asyncio.run(scenario())
+    assert record.round == 1 and record.participated and record.asked == 1
+    assert list(record.arrived) == ["node-1"] and not record.stale and not record.staleness
+    assert record.strategy["arrivals"] == [["node-1", 1]]  # as JSON keeps it
+    assert record.train_steps > 0 and 0.0 <= record.test_acc <= 1.0
+
+
+def test_a_straggler_part_is_taken_stale_and_its_staleness_recorded(tmp_path: Path) -> None:
+    """A peer that is two rounds behind (it published version 1 only) answers round 3's fetch
+    with its newest version once the wait is over: taken (accept_stale), named, and two rounds old."""
+    settings = dataclasses.replace(SETTINGS, fetch_timeout_s=0.3)
+    a, b = code_nodes(tmp_path, 2, [[1], [0]], settings=settings)
+
+    async def scenario() -> RoundRecord:
+        await _serving([a, b])
+        try:
+            await b.transport.publish(1, 1, _published(b), {"n_train": 24})
+            return await Round(a.kit, 3).run()
+        finally:
+            await _closing([a, b])
+
+    record = asyncio.run(scenario())
+    assert list(record.stale) == ["node-1"] and dict(record.staleness) == {"node-1": 2}
+    assert record.to_json()["staleness"] == {"node-1": 2}
+
+
+def test_without_stale_parts_a_late_peer_is_not_taken(tmp_path: Path) -> None:
+    settings = dataclasses.replace(SETTINGS, fetch_timeout_s=0.3, accept_stale=False)
+    a, b = code_nodes(tmp_path, 2, [[1], [0]], settings=settings)
+
+    async def scenario() -> RoundRecord:
+        await _serving([a, b])
+        try:
+            await b.transport.publish(1, 1, _published(b), {"n_train": 24})
+            return await Round(a.kit, 3).run()
+        finally:
+            await _closing([a, b])
+
+    record = asyncio.run(scenario())
+    assert list(record.arrived) == [] and record.unanswered == 1
+
+
+def test_a_sat_out_round_is_the_same_record_type_with_empty_exchange_fields(tmp_path: Path) -> None:
+    a, b = code_nodes(tmp_path, 2, [[1], [0]])
+
+    async def scenario() -> tuple[RoundRecord, RoundRecord]:
+        await _serving([a, b])
+        try:
+            await b.transport.publish(1, 1, _published(b), {"n_train": 24})
+            took = await Round(a.kit, 1).run()
+            sat = await Round(a.kit, 2).sit_out()
+            return took, sat
+        finally:
+            await _closing([a, b])
+
+    took, sat = asyncio.run(scenario())
+    assert set(sat.to_json()) <= set(took.to_json())
+    assert not sat.participated and sat.train_steps == 0 and sat.asked == 0 and list(sat.arrived) == []
+    # Nothing changed the model since the round taken part in: the same scores, not scored again.
+    assert sat.test_acc == took.test_acc_aggregated
