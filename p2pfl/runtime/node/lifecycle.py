@@ -179,8 +179,10 @@ class Node:
     async def run(self) -> dict[str, Any]:
         cfg, sc, transport, script = self.config, self.settings, self.parts.transport, self.parts.script
         self.prepare()
-        late = script.join > 1 and not self.resume  # it is not there before its round: nothing to serve
-        await transport.start(cfg.host, cfg.port, listening=not late)
+        # A late joiner serves from the start: nobody asks it before its round (the schedule's joins
+        # are known), and a neighbour's read in its round waits for its version instead of being refused.
+        late = script.join > 1 and not self.resume
+        await transport.start(cfg.host, cfg.port)
         self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
         started = time.perf_counter()
         status, error, goodbye, resume_failed = "ok", None, "", False
@@ -226,7 +228,7 @@ class Node:
         self.stage = Stage.DONE
         if status == "crashed":
             pass  # stopped dead: it says nothing and serves nothing
-        elif status not in ("ok", "isolated"):
+        elif status not in ("ok", "isolated", "degraded"):  # the last three ran every round: they serve the last ones
             # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
             await transport.withdraw()
             await transport.say_goodbye(sorted(transport.peers), goodbye)

@@ -79,9 +79,9 @@ class Membership:
 
     async def join(self, join_round: int, shared_parts: tuple[str, ...], catch_up: bool = True) -> int:
         """Join a running federation: take a neighbour's model of the round before `join_round`
-        (or newer; with `catch_up` False only its round number, and keep the initial model), and
-        serve. Returns the first round this node runs: `join_round`, or the one after the version
-        taken if the neighbours are past it."""
+        (or newer; with `catch_up` False only its round number, and keep the initial model).
+        Returns the first round this node runs: `join_round`, or the round the neighbours
+        are in (the version taken: a neighbour that published version v is in round v) if later."""
         parts = ("full",) if "full" in shared_parts else tuple(p for p in ("body", "head") if p in shared_parts)
         first_message = await self.federation_at(join_round - 1, parts[0])
         peer, version = None, None
@@ -89,8 +89,7 @@ class Membership:
             peer, version = first_message.header.sender, first_message.header.version
             if catch_up:
                 await self._take_model(first_message, parts[1:])
-        first = max(join_round, (version or 0) + 1)
-        await self.transport.listen()
+        first = max(join_round, version or 0)  # a neighbour that published version v is in round v
         self.events.append({"round": first, "event": "joined", "from": peer if catch_up else None,
                             "version": version if catch_up else None, "at": time.time()})
         self.log.info("joined in round %d with %s's model (version %s)", first, peer, version)
@@ -123,7 +122,7 @@ class Membership:
         message = await self.federation_at(restart - 1, "full" if "full" in self.exchange.strategy.shared_parts
                                            else self.exchange.strategy.shared_parts[0])
         last, _ = await asyncio.to_thread(self.state.restore)
-        back = max(restart, 0 if message is None else message.header.version + 1)
+        back = max(restart, 0 if message is None else message.header.version)
         await self.transport.listen()
         await self.exchange.republish(last)
         self.state.restarts.append({"after_round": last, "at": time.time()})

@@ -46,11 +46,11 @@ class Transport(Protocol):
                on_departed: Callable[[str, str], None] | None = None) -> None:
         """Who judges and takes what arrives (the node), set once before `start`."""
 
-    async def start(self, host: str, port: int, *, listening: bool = True) -> None:
-        """Reach peers from now on; serve at (host, port) too unless `listening` is False."""
+    async def start(self, host: str, port: int) -> None:
+        """Serve at (host, port) and reach peers from now on."""
 
     async def listen(self) -> None:
-        """Serve again at the address given to `start` (a node that joins late, or comes back)."""
+        """Serve again at the address given to `start` (a node that comes back after `stop_listening`)."""
 
     async def stop_listening(self) -> None:
         """Stop dead, as a crashed process: the address refuses connections and what was

@@ -20,10 +20,9 @@ from p2pfl.wire import Message
 
 
 class ColocatedEndpoint(InMemory, Endpoint):
-    async def start(self, host: str, port: int, *, listening: bool = True) -> None:
-        await Endpoint.start(self, host, port, listening=listening)
-        if listening:
-            self._register(host, port)
+    async def start(self, host: str, port: int) -> None:
+        await Endpoint.start(self, host, port)
+        self._register(host, port)
 
     async def listen(self) -> None:
         await Endpoint.listen(self)

@@ -163,10 +163,9 @@ class InMemory(Carrier):
 
 
 class LoopbackCarrier(InMemory):
-    async def start(self, host: str, port: int, *, listening: bool = True) -> None:
+    async def start(self, host: str, port: int) -> None:
         self._listen_at = (host, port)
-        if listening:
-            self._register(host, port)
+        self._register(host, port)
 
     async def listen(self) -> None:
         self._register(*self._listen_at)

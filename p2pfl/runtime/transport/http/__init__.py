@@ -39,10 +39,9 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self.handshaking: weakref.WeakSet[GuardedProtocol] = weakref.WeakSet()
         self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
 
-    async def start(self, host: str, port: int, *, listening: bool = True) -> None:
+    async def start(self, host: str, port: int) -> None:
         self._listen_at = (host, port)
-        if listening:
-            await self._start_server(host, port)
+        await self._start_server(host, port)
         self._session = aiohttp.ClientSession()
 
     async def listen(self) -> None:

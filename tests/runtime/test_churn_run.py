@@ -1,0 +1,45 @@
+"""A scenario with churn run by the launcher: the membership timeline in results.json follows the
+schedule, and the same seed and schedule give the same timeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from p2pfl.runtime.churn import scripts_of
+from p2pfl.runtime.config import node_ids
+from p2pfl.scenario.launcher import run_scenario
+from p2pfl.scenario.schema import load_scenario
+
+from .helpers import write_tiny
+
+CHURN = ['runtime.placement="shared"', "runtime.workers=1", 'runtime.topology="ring"', "runtime.linger_s=5",
+         "churn.join=[{node = 4, round = 3}]", "churn.leave=[{node = 2, round = 4}]",
+         "churn.crash=[{node = 1, round = 2, restart = 4}]"]
+
+
+def test_the_timeline_follows_the_schedule_and_the_same_seed_gives_the_same_one(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path, nodes=5, rounds=5, samples=40, timeout=60.0)
+    timelines = []
+    for name in ("a", "b"):
+        results, code = run_scenario(path, tmp_path / name, CHURN, progress=False, quiet=True)
+        assert code == 0, [(n["id"], n["status"], n.get("error")) for n in results["nodes"]]
+        timelines.append(results["membership"])
+    assert timelines[0] == timelines[1]
+    scenario = load_scenario(path, CHURN)
+    scripts = scripts_of(scenario.churn, 5, 5, scenario.seed)
+    ids = node_ids(5)
+    for entry in timelines[0]:
+        r = entry["round"]
+        assert entry["live"] == [ids[i] for i in range(5) if scripts[i].live_in(r)], entry
+    by_round = {e["round"]: e for e in timelines[0]}
+    assert by_round[3]["joined"] == [ids[4]] and by_round[4]["left"] == [ids[2]]
+    assert by_round[2]["crashed"] == [ids[1]] and by_round[4]["restarted"] == [ids[1]]
+    by_id = {n["id"]: n for n in results["nodes"]}
+    assert {nid: n["status"] for nid, n in by_id.items()} == {
+        ids[0]: "degraded", ids[1]: "ok", ids[2]: "left", ids[3]: "ok", ids[4]: "ok"}
+    # node-0's ring neighbours in round 2: node-1 had crashed, node-4 had not joined: it learned from no one.
+    assert by_id[ids[0]]["rounds_alone"] == [2]
+    (tmp_path / "a" / "report").mkdir(exist_ok=True)
+    from p2pfl.report.folders import make_report
+
+    assert any(p.name == "membership.png" for p in make_report(tmp_path / "a"))
