@@ -124,9 +124,9 @@ class Round:
             arrived=sorted(m.sender for m in arrived), stale=sorted(m.sender for m in arrived if m.version < r),
             unanswered=len(unanswered), strategy=dict(kit.artefacts.records),
             staleness={m.sender: r - m.version for m in arrived if m.version < r},
-            neighbours=kit.neighbours.changes(), peers_refused=dict(checks.refused), sat_out=sat_out, peers_bounded=dict(checks.bounded),
-            peers_bounded_factor=dict(checks.bounded_factor), aggregate_refused=aggregated.refused,
-            safeguard=safeguard,
+            neighbours=kit.neighbours.changes(), peers_refused=dict(checks.refused), sat_out=sat_out,
+            peers_bounded=dict(checks.bounded), peers_bounded_factor=dict(checks.bounded_factor),
+            aggregate_refused=aggregated.refused, safeguard=safeguard,
         )
         kit.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                      r, kit.settings.rounds, trained.scores.test_acc, aggregated.scored.scores.test_acc,

@@ -28,18 +28,22 @@ def _published(node: Node) -> dict:
     return {"full": host_snapshot(part_state(node.model, "full"))}
 
 
-def test_a_round_built_in_code_takes_its_neighbours_part_and_records_it(tmp_path: Path) -> None:
-    a, b = code_nodes(tmp_path, 2, [[1], [0]])
-
-    async def scenario() -> RoundRecord:
+def rounds_of(a: Node, b: Node, *rounds: int, sat_out: tuple[int, ...] = ()) -> list[RoundRecord]:
+    """`a`'s records of `rounds` (those in `sat_out` sat out), while `b` serves its version 1 only."""
+    async def scenario() -> list[RoundRecord]:
         await _serving([a, b])
         try:
             await b.transport.publish(1, 1, _published(b), {"n_train": 24})
-            return await Round(a.kit, 1).run()
+            return [await (Round(a.kit, r).sit_out() if r in sat_out else Round(a.kit, r).run()) for r in rounds]
         finally:
             await _closing([a, b])
 
-    record = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_round_built_in_code_takes_its_neighbours_part_and_records_it(tmp_path: Path) -> None:
+    a, b = code_nodes(tmp_path, 2, [[1], [0]])
+    [record] = rounds_of(a, b, 1)
     assert record.round == 1 and record.participated and record.asked == 1
     assert list(record.arrived) == ["node-1"] and not record.stale and not record.staleness
     assert record.strategy["arrivals"] == [["node-1", 1]]  # as JSON keeps it
@@ -51,16 +55,7 @@ def test_a_straggler_part_is_taken_stale_and_its_staleness_recorded(tmp_path: Pa
     with its newest version once the wait is over: taken (accept_stale), named, and two rounds old."""
     settings = dataclasses.replace(SETTINGS, fetch_timeout_s=0.3)
     a, b = code_nodes(tmp_path, 2, [[1], [0]], settings=settings)
-
-    async def scenario() -> RoundRecord:
-        await _serving([a, b])
-        try:
-            await b.transport.publish(1, 1, _published(b), {"n_train": 24})
-            return await Round(a.kit, 3).run()
-        finally:
-            await _closing([a, b])
-
-    record = asyncio.run(scenario())
+    [record] = rounds_of(a, b, 3)
     assert list(record.stale) == ["node-1"] and dict(record.staleness) == {"node-1": 2}
     assert record.to_json()["staleness"] == {"node-1": 2}
 
@@ -68,33 +63,13 @@ def test_a_straggler_part_is_taken_stale_and_its_staleness_recorded(tmp_path: Pa
 def test_without_stale_parts_a_late_peer_is_not_taken(tmp_path: Path) -> None:
     settings = dataclasses.replace(SETTINGS, fetch_timeout_s=0.3, accept_stale=False)
     a, b = code_nodes(tmp_path, 2, [[1], [0]], settings=settings)
-
-    async def scenario() -> RoundRecord:
-        await _serving([a, b])
-        try:
-            await b.transport.publish(1, 1, _published(b), {"n_train": 24})
-            return await Round(a.kit, 3).run()
-        finally:
-            await _closing([a, b])
-
-    record = asyncio.run(scenario())
+    [record] = rounds_of(a, b, 3)
     assert list(record.arrived) == [] and record.unanswered == 1
 
 
 def test_a_sat_out_round_is_the_same_record_type_with_empty_exchange_fields(tmp_path: Path) -> None:
     a, b = code_nodes(tmp_path, 2, [[1], [0]])
-
-    async def scenario() -> tuple[RoundRecord, RoundRecord]:
-        await _serving([a, b])
-        try:
-            await b.transport.publish(1, 1, _published(b), {"n_train": 24})
-            took = await Round(a.kit, 1).run()
-            sat = await Round(a.kit, 2).sit_out()
-            return took, sat
-        finally:
-            await _closing([a, b])
-
-    took, sat = asyncio.run(scenario())
+    took, sat = rounds_of(a, b, 1, 2, sat_out=(2,))
     assert set(sat.to_json()) <= set(took.to_json())
     assert not sat.participated and sat.train_steps == 0 and sat.asked == 0 and list(sat.arrived) == []
     # Nothing changed the model since the round taken part in: the same scores, not scored again.
