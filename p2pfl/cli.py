@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="run one node from a node config (LAN deployment)")
     node.add_argument("config", type=Path)
     node.add_argument("--resume", action="store_true", help="continue from the node's last checkpoint")
+    node.add_argument("--join", action="store_true",
+                      help="join a federation that is already running: start from a neighbour's newest model, in "
+                           "the round the neighbours are in")
     _add_log_level(node)
 
     worker = sub.add_parser("worker", help="run several nodes in this process (placement = \"shared\")")
@@ -318,7 +321,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from p2pfl.runtime.config import load_node_config
         from p2pfl.assembly import run_node
 
-        return run_node(load_node_config(args.config), resume=args.resume)
+        if args.join and args.resume:
+            raise ConfigError("--join", "--resume goes on from this node's own checkpoint, --join from a neighbour's "
+                                        "model; pass one of them")
+        return run_node(load_node_config(args.config), resume=args.resume, join=args.join)
     if args.command == "worker":
         from p2pfl.assembly import run_worker
 

@@ -359,7 +359,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
     restarted = {n["id"]: [r.get("after_round") for r in n.get("restarts") or []] for n in results["nodes"]
                  if n.get("restarts")}
     if restarted:
-        lines.append("nodes resumed from a checkpoint (--resume): " + "; ".join(
+        lines.append("nodes restarted from their checkpoint (--resume, or a crash in [churn]): " + "; ".join(
             f"{nid} after round{'s' if len(after) > 1 else ''} {', '.join(map(str, after))}"
             for nid, after in restarted.items()))
     node_rounds = sum(1 for n in results["nodes"] for r in n.get("rounds", []) if r.get("participated", True))

@@ -45,8 +45,13 @@ class Node:
     """
 
     def __init__(self, config: NodeConfig, settings: NodeSettings, parts: NodeParts, *, resume: bool = False,
-                 on_round: RoundCallback | None = None) -> None:
-        self.config, self.settings, self.parts, self.resume = config, settings, parts, resume
+                 join: bool = False, on_round: RoundCallback | None = None) -> None:
+        """`resume`: go on from this node's checkpoint; `join`: from a neighbour's newest model, in the
+        round the neighbours are in (a node started while the federation runs; `p2pfl node --join`)."""
+        if resume and join:
+            raise ValueError("a node either resumes from its checkpoint or joins from a neighbour's model, not both")
+        self.config, self.settings, self.parts = config, settings, parts
+        self.arrival = "resume" if resume else "join" if join else "fresh"
         self.on_round = on_round or (lambda _: None)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
         self.stage = Stage.BUILT
@@ -124,7 +129,7 @@ class Node:
 
         `run` calls it; a worker of many nodes calls it for each node as it builds them, so that no
         node's preparation falls into another's first round."""
-        if self.resume or self.stage >= Stage.PREPARED:
+        if self.arrival == "resume" or self.stage >= Stage.PREPARED:
             return
         self.stage = Stage.PREPARED
         self.write_checkpoint(False)
@@ -181,18 +186,21 @@ class Node:
         self.prepare()
         # A late joiner serves from the start: nobody asks it before its round (the schedule's joins
         # are known), and a neighbour's read in its round waits for its version instead of being refused.
-        late = script.join > 1 and not self.resume
+        late = (script.join > 1 and self.arrival == "fresh") or self.arrival == "join"
         await transport.start(cfg.host, cfg.port)
         self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
         started = time.perf_counter()
         status, error, goodbye, resume_failed = "ok", None, "", False
         try:
             first = 1
-            if self.resume:  # before the start wait: a missing or foreign checkpoint is an error now
+            if self.arrival == "resume":  # before the start wait: a missing or foreign checkpoint is an error now
                 first = await asyncio.to_thread(self.restore) + 1
                 self.state.restarts.append({"after_round": first - 1, "at": time.time()})
             if late:
-                first = await self.membership.join(script.join, self.parts.strategy.shared_parts, script.catch_up)
+                # Scheduled: its round. Joining by hand: the round its neighbours are in (round 2 at the
+                # earliest, when none has started yet).
+                join_round = script.join if self.arrival == "fresh" else max(2, await self.membership.furthest())
+                first = await self.membership.join(join_round, self.parts.strategy.shared_parts, script.catch_up)
                 self.ctx.round = first - 1
                 self._skip_draws(1, first)
             else:
@@ -204,7 +212,7 @@ class Node:
                 silent = await transport.wait_until_up(awaited, sc.start_wait_s)
                 if silent:
                     self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
-            if self.resume:
+            if self.arrival == "resume":
                 await self.exchange.republish(self.ctx.round)
                 first = await self.membership.rejoin(first - 1)
                 self._skip_draws(self.ctx.round + 1, first)

@@ -51,8 +51,10 @@ def _split(n: int, generator: torch.Generator) -> Split:
 
 
 def code_nodes(tmp_path: Path, n: int, neighbours: Sequence[Sequence[int]], *, settings: NodeSettings = SETTINGS,
-               scripts: Sequence[NodeScript] | None = None, carrier: str = "loopback", **parts: Any) -> list[Node]:
-    """`n` nodes `node-0`.. whose node i asks `neighbours[i]` (indices), each with 24 random samples."""
+               scripts: Sequence[NodeScript] | None = None, carrier: str = "loopback", joining: Sequence[int] = (),
+               **parts: Any) -> list[Node]:
+    """`n` nodes `node-0`.. whose node i asks `neighbours[i]` (indices), each with 24 random samples;
+    those in `joining` join a running federation (`p2pfl node --join`)."""
     ids = [f"node-{i}" for i in range(n)]
     keys = [NodeKey.generate() for _ in ids]
     roster = Roster({nid: k.public_hex for nid, k in zip(ids, keys)})
@@ -84,5 +86,5 @@ def code_nodes(tmp_path: Path, n: int, neighbours: Sequence[Sequence[int]], *, s
         config = NodeConfig(id=nid, index=i, host="127.0.0.1", port=ports[i], key_file=tmp_path / f"{nid}.key",
                             scenario=tmp_path / "none.toml", out=tmp_path / "run",
                             peers={p: PeerInfo(urls[p], keys[ids.index(p)].public_hex) for p in others})
-        nodes.append(Node(config, dataclasses.replace(settings), node_parts))
+        nodes.append(Node(config, dataclasses.replace(settings), node_parts, join=i in joining))
     return nodes

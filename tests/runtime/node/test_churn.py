@@ -137,3 +137,26 @@ def test_a_departed_node_is_never_asked_again_and_its_later_messages_are_refused
     assert pushed is False and fetched is None
     assert ("node-1", 410, "departed") in set(a.transport.rejections.counts)
     assert "node-1" in a.neighbours.departed and "node-1" not in a.neighbours.asked
+
+
+def test_a_node_started_by_hand_while_the_federation_runs_joins_where_it_is(tmp_path: Path) -> None:
+    """`p2pfl node --join`: not in any schedule; started once its neighbours are in round 3, it
+    takes a neighbour's newest model and runs the round they are in, and they take it in."""
+    # Not in a schedule, it is waited for at the start like any peer: start_wait_s, 1 s here.
+    settings = dataclasses.replace(PATIENT, rounds=6, start_wait_s=1.0)
+    nodes = code_nodes(tmp_path, 3, [[1, 2], [0, 2], [0, 1]], settings=settings, joining=[2])
+
+    async def everything() -> list[dict[str, Any]]:
+        first = [asyncio.ensure_future(n.run()) for n in nodes[:2]]
+        while nodes[0].round < 3:  # the federation is running when the third node starts
+            await asyncio.sleep(0.01)
+        return list(await asyncio.gather(*first, nodes[2].run()))
+
+    results = asyncio.run(everything())
+    joiner = results[2]
+    [joined] = joiner["membership"]
+    assert joined["event"] == "joined" and joined["round"] >= 3 and joined["from"] in ("node-0", "node-1")
+    assert [r["round"] for r in joiner["rounds"]] == list(range(joined["round"], 7))
+    for result in results[:2]:
+        assert result["status"] == "ok" and "node-2" in result["rounds"][-1]["arrived"]
+    assert_no_wait_paid(results)
