@@ -154,7 +154,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         fresh_strategy=lambda: build_strategy(sc.algorithm.name, params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
         safeguard=safeguard, peer_rounds=peer_rounds, script=scripts[config.index],
-        joins_late=frozenset(ids[j] for j in range(sc.nodes) if scripts[j].join > 1),
+        joins_late=frozenset(ids[j] for j in range(sc.nodes) if scripts[j].late),
     )
     return Node(config, node_settings(sc), parts, resume=resume, join=join, on_round=on_round)
 

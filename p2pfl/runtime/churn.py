@@ -14,6 +14,9 @@ neighbour that sits a round out); crashes and departures they find out as a depl
     leave = [{node = 5, round = 6}]               # says goodbye instead of running round 6
     crash = [{node = 1, round = 3, restart = 5}]  # stops dead before round 3; back in round 5
     slow = [{node = 2, factor = 10.0}]            # its training takes 10 times as long
+    # or at a time, in seconds from the node's start, where a round is not the point:
+    #   join = [{node = 3, second = 20.0}], leave = [{node = 5, second = 60.0}],
+    #   crash = [{node = 1, second = 30.0, restart_after_s = 15.0}]
     join_per_round = 0.05    # drawn: this share of the nodes joins in each round from round 2
     crash_per_round = 0.05   # drawn: this share of the live nodes crashes in each round from round 2
     restart_after = 0        # drawn crashes come back this many rounds later (0: never)
@@ -34,8 +37,8 @@ import numpy as np
 from p2pfl.errors import ConfigError, check_table
 
 CHURN_STREAM = 0xC4A2  # its own stream of the scenario's seed: a schedule never shifts any other draw
-EVENT_KEYS = {"join": ("node", "round"), "leave": ("node", "round"), "crash": ("node", "round", "restart"),
-              "slow": ("node", "factor")}
+EVENT_KEYS = {"join": ("node", "round", "second"), "leave": ("node", "round", "second"),
+              "crash": ("node", "round", "restart", "second", "restart_after_s"), "slow": ("node", "factor")}
 RATE_KEYS = ("join_per_round", "crash_per_round", "restart_after", "slow_share", "slow_factor")
 FLAG_KEYS = ("catch_up",)
 
@@ -50,23 +53,39 @@ class NodeScript:
     restart: int | None = None    # after a crash: back, from its checkpoint, for this round
     slowdown: float = 1.0         # its training takes this many times as long
     catch_up: bool = True         # as a joiner: start from its neighbours' newest model (else its own initial one)
+    # The same events at a time, in seconds from the node's start (a node that joins at a time runs
+    # the round its neighbours are in then; a crash at a time comes back `restart_after_s` later).
+    join_s: float | None = None
+    leave_s: float | None = None
+    crash_s: float | None = None
+    restart_after_s: float | None = None
 
     @property
     def active(self) -> bool:
         return self != NodeScript()
 
+    @property
+    def late(self) -> bool:
+        """Not there at the start: nobody waits for it before round 1."""
+        return self.join > 1 or self.join_s is not None
+
+    @property
+    def timed(self) -> bool:
+        """Some event of it happens at a time, not a round: its rounds are not the schedule's to say."""
+        return any(t is not None for t in (self.join_s, self.leave_s, self.crash_s))
+
     def live_in(self, r: int) -> bool:
         """Whether the node runs round `r` by its script."""
-        if r < self.join or (self.leave is not None and r >= self.leave):
+        if self.join_s is not None or r < self.join or (self.leave is not None and r >= self.leave):
             return False
         return self.crash is None or r < self.crash or (self.restart is not None and r >= self.restart)
 
 
 @dataclass(frozen=True)
 class ChurnSpec:
-    join: tuple[tuple[int, int], ...] = ()                # (node, round)
-    leave: tuple[tuple[int, int], ...] = ()               # (node, round)
-    crash: tuple[tuple[int, int, int | None], ...] = ()   # (node, round, restart round or None)
+    join: tuple[tuple[Any, ...], ...] = ()    # (node, round, second): one of the two is None
+    leave: tuple[tuple[Any, ...], ...] = ()   # (node, round, second)
+    crash: tuple[tuple[Any, ...], ...] = ()   # (node, round, restart round, second, restart_after_s)
     slow: tuple[tuple[int, float], ...] = ()              # (node, factor)
     join_per_round: float = 0.0
     crash_per_round: float = 0.0
@@ -109,16 +128,17 @@ class ChurnSpec:
     def scripts(self, nodes: int, rounds: int, seed: int) -> tuple[NodeScript, ...]:
         """Every node's script: the listed events, then the drawn ones among nodes listed for nothing."""
         fields: list[dict[str, Any]] = [{} for _ in range(nodes)]
-        for node, r in self.join:
-            fields[node]["join"] = r
-        for node, r in self.leave:
-            fields[node]["leave"] = r
-        for node, r, restart in self.crash:
-            fields[node].update(crash=r, restart=restart)
+        for node, r, second in self.join:
+            fields[node].update({"join": r} if r is not None else {"join_s": second})
+        for node, r, second in self.leave:
+            fields[node].update({"leave": r} if r is not None else {"leave_s": second})
+        for node, r, restart, second, after_s in self.crash:
+            fields[node].update({"crash": r, "restart": restart} if r is not None
+                                else {"crash_s": second, "restart_after_s": after_s})
         for node, factor in self.slow:
             fields[node]["slowdown"] = factor
         self._drawn(fields, rounds, np.random.default_rng([seed, CHURN_STREAM]))
-        scripts = tuple(NodeScript(**f, catch_up=self.catch_up) if f.get("join", 1) > 1 else NodeScript(**f)
+        scripts = tuple(NodeScript(**f, catch_up=self.catch_up) if NodeScript(**f).late else NodeScript(**f)
                         for f in fields)
         for i, s in enumerate(scripts):
             _check_script(i, s, rounds)
@@ -147,24 +167,36 @@ class ChurnSpec:
 
 def _event(entry: Any, kind: str, keys: tuple[str, ...], nodes: int, rounds: int, where: str) -> tuple[Any, ...]:
     check_table(entry, keys, where)
-    for key in keys[:-1] if kind == "crash" else keys:
-        if key not in entry:
-            raise ConfigError(f"{where}.{key}", "missing")
+    if "node" not in entry:
+        raise ConfigError(f"{where}.node", "missing")
     node = entry["node"]
     if type(node) is not int or not 0 <= node < nodes:
         raise ConfigError(f"{where}.node", f"must be a node index in 0..{nodes - 1}, got {node!r}")
     if kind == "slow":
+        if "factor" not in entry:
+            raise ConfigError(f"{where}.factor", "missing")
         factor = entry["factor"]
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
             raise ConfigError(f"{where}.factor", f"must be a number >= 1 (times slower), got {factor!r}")
         return node, float(factor)
-    values = [node]
-    for key in keys[1:]:
+    if ("round" in entry) == ("second" in entry):
+        raise ConfigError(f"{where}.round", "give the event a round or a second (from the node's start), one of them")
+    values: dict[str, Any] = {}
+    for key in ("round", "restart"):
         r = entry.get(key)
         if r is not None and (type(r) is not int or not 1 <= r <= rounds):
             raise ConfigError(f"{where}.{key}", f"must be a round in 1..{rounds}, got {r!r}")
-        values.append(r)
-    return tuple(values)
+        values[key] = r
+    for key in ("second", "restart_after_s"):
+        t = entry.get(key)
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf")):
+            raise ConfigError(f"{where}.{key}", f"must be a number of seconds >= 0, got {t!r}")
+        values[key] = None if t is None else float(t)
+    if values["restart"] is not None and values["round"] is None:
+        raise ConfigError(f"{where}.restart", "is a round: with a crash at a second, give restart_after_s")
+    if values["restart_after_s"] is not None and values["second"] is None:
+        raise ConfigError(f"{where}.restart_after_s", "is seconds: with a crash at a round, give restart (a round)")
+    return tuple(values[k] if k in values else node for k in keys)
 
 
 def _rate(table: Mapping[str, Any], key: str, prefix: str) -> float | int:
@@ -194,7 +226,9 @@ def _check_script(index: int, s: NodeScript, rounds: int) -> None:
         raise ConfigError("churn.crash", f"{where} restarts in round {s.restart}, which must come after its crash")
     if s.leave is not None and s.crash is not None:
         raise ConfigError("churn.leave", f"{where} both leaves and crashes; give it one of them")
-    if not any(s.live_in(r) for r in range(1, rounds + 1)):
+    if (s.leave_s is not None or s.leave is not None) and (s.crash_s is not None or s.crash is not None):
+        raise ConfigError("churn.leave", f"{where} both leaves and crashes; give it one of them")
+    if not s.timed and not any(s.live_in(r) for r in range(1, rounds + 1)):
         raise ConfigError("churn", f"{where} runs no round at all")
 
 

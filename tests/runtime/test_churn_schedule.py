@@ -36,11 +36,26 @@ def test_listed_events_become_each_nodes_script() -> None:
     ({"join": [{"node": 1, "round": 4}], "leave": [{"node": 1, "round": 3}]}, "churn.leave"),
     ({"crash": [{"node": 1, "round": 4, "restart": 3}]}, "churn.crash"),
     ({"leave": [{"node": 1, "round": 1}]}, "churn.leave"),
+    ({"join": [{"node": 1, "round": 3, "second": 2.0}]}, "churn.join[0].round"),
+    ({"join": [{"node": 1, "second": -1.0}]}, "churn.join[0].second"),
+    ({"crash": [{"node": 1, "second": 5.0, "restart": 4}]}, "churn.crash[0].restart"),
+    ({"crash": [{"node": 1, "round": 2, "restart_after_s": 4.0}]}, "churn.crash[0].restart_after_s"),
+    ({"leave": [{"node": 1, "second": 5.0}], "crash": [{"node": 1, "second": 2.0}]}, "churn.leave"),
 ])
 def test_a_wrong_schedule_is_named(table: dict, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         spec(**table)
     assert err.value.field == field, err.value
+
+
+def test_events_at_a_time_are_scripts_of_their_own() -> None:
+    s = spec(join=[{"node": 3, "second": 20}], leave=[{"node": 5, "second": 60.0}],
+             crash=[{"node": 1, "second": 30.0, "restart_after_s": 15}])
+    scripts = scripts_of(s, 20, 8, 0)
+    assert scripts[3] == NodeScript(join_s=20.0) and scripts[3].late and scripts[3].timed
+    assert scripts[5] == NodeScript(leave_s=60.0) and not scripts[5].late
+    assert scripts[1] == NodeScript(crash_s=30.0, restart_after_s=15.0)
+    assert ChurnSpec.from_dict(s.to_dict(), nodes=20, rounds=8) == s
 
 
 def test_a_drawn_schedule_is_the_seeds_and_respects_its_rates() -> None:

@@ -142,7 +142,7 @@ class Node:
             self.scorer.last = None  # setup may have changed the model
         self.stage = Stage.SET_UP
 
-    async def _rounds(self, first: int) -> str:
+    async def _rounds(self, first: int, started: float) -> str:
         """Rounds `first`..last, as the node's churn script has it; the status they end with: "ok",
         "budget_exhausted", "left" (it said goodbye) or "crashed" (it stopped dead for good)."""
         sc, privacy, script = self.settings, self.parts.privacy, self.parts.script
@@ -153,11 +153,13 @@ class Node:
                 self.log.warning("stopping before round %d: another round would exceed the epsilon budget "
                                  "(epsilon so far %.3f)", r, privacy.epsilon() or 0.0)
                 return "budget_exhausted"
-            if r == script.leave:
+            since_start = time.perf_counter() - started
+            if r == script.leave or (script.leave_s is not None and since_start >= script.leave_s):
                 self.membership.events.append({"round": r, "event": "left", "at": time.time()})
                 return "left"
-            if r == script.crash:
-                came_back = await self.membership.crash(r, script.restart)
+            crashed_before = any(e["event"] == "crashed" for e in self.membership.events)
+            if r == script.crash or (script.crash_s is not None and since_start >= script.crash_s and not crashed_before):
+                came_back = await self.membership.crash(r, script.restart, script.restart_after_s)
                 if came_back is None:
                     return "crashed"
                 r, last = came_back
@@ -186,7 +188,7 @@ class Node:
         self.prepare()
         # A late joiner serves from the start: nobody asks it before its round (the schedule's joins
         # are known), and a neighbour's read in its round waits for its version instead of being refused.
-        late = (script.join > 1 and self.arrival == "fresh") or self.arrival == "join"
+        late = (script.late and self.arrival == "fresh") or self.arrival == "join"
         await transport.start(cfg.host, cfg.port)
         self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
         started = time.perf_counter()
@@ -197,10 +199,7 @@ class Node:
                 first = await asyncio.to_thread(self.restore) + 1
                 self.state.restarts.append({"after_round": first - 1, "at": time.time()})
             if late:
-                # Scheduled: its round. Joining by hand: the round its neighbours are in (round 2 at the
-                # earliest, when none has started yet).
-                join_round = script.join if self.arrival == "fresh" else max(2, await self.membership.furthest())
-                first = await self.membership.join(join_round, self.parts.strategy.shared_parts, script.catch_up)
+                first = await self.membership.arrive(script, self.arrival == "join", started)
                 self.ctx.round = first - 1
                 self._skip_draws(1, first)
             else:
@@ -218,7 +217,7 @@ class Node:
                 self._skip_draws(self.ctx.round + 1, first)
             if self.stage < Stage.SET_UP:  # else restored from a checkpoint taken after it
                 await self._set_up()
-            status = await self._rounds(first)
+            status = await self._rounds(first, started)
             if status == "budget_exhausted":
                 goodbye = f"privacy budget exhausted before round {self.ctx.round + 1}"
             elif status == "left":

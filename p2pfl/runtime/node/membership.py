@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from p2pfl.models import part_state
+from p2pfl.runtime.churn import NodeScript
 from p2pfl.runtime.node.exchange import Exchange
 from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.node.neighbours import Neighbours
@@ -109,22 +110,43 @@ class Membership:
         model.load_state_dict({**own, **{k: v for k, v in loaded.items() if k in own}})
         self.state.trained = True
 
-    async def crash(self, round_: int, restart: int | None) -> tuple[int, int] | None:
-        """Stop dead before `round_` (the port refuses, nothing is said). With `restart`: come back
-        from the checkpoint in the round the neighbours are in (at least `restart`); returns that
-        round and the last round the checkpoint held. None: it stays down."""
+    async def crash(self, round_: int, restart: int | None, restart_after_s: float | None = None
+                    ) -> tuple[int, int] | None:
+        """Stop dead before `round_` (the port refuses, nothing is said). Come back from the
+        checkpoint when the neighbours have published the round before `restart`, or
+        `restart_after_s` seconds later, in the round they are in (at least `restart`, and after
+        the checkpoint's); returns that round and the checkpoint's. None: it stays down."""
         await self.transport.stop_listening()
         self.events.append({"round": round_, "event": "crashed", "at": time.time()})
         self.log.warning("crashed before round %d (churn schedule)%s", round_,
                          "" if restart is None else f"; back in round {restart}")
-        if restart is None:
+        if restart is not None:
+            shared = self.exchange.strategy.shared_parts
+            message = await self.federation_at(restart - 1, "full" if "full" in shared else shared[0])
+            at_least = max(restart, 0 if message is None else message.header.version)
+        elif restart_after_s is not None:
+            await asyncio.sleep(restart_after_s)
+            at_least = await self.furthest()
+        else:
             return None
-        message = await self.federation_at(restart - 1, "full" if "full" in self.exchange.strategy.shared_parts
-                                           else self.exchange.strategy.shared_parts[0])
         last, _ = await asyncio.to_thread(self.state.restore)
-        back = max(restart, 0 if message is None else message.header.version)
+        back = max(at_least, last + 1)
         await self.transport.listen()
         await self.exchange.republish(last)
         self.state.restarts.append({"after_round": last, "at": time.time()})
         self.events.append({"round": back, "event": "restarted", "after_round": last, "at": time.time()})
         return back, last
+
+    async def arrive(self, script: NodeScript, by_hand: bool, started: float) -> int:
+        """A node not there at the start comes in: by its schedule's round, at its schedule's time
+        (its port closed until then, as a process not started), or by hand (`p2pfl node --join`).
+        Returns its first round."""
+        shared = self.exchange.strategy.shared_parts
+        if script.join_s is not None and not by_hand:
+            await self.transport.stop_listening()
+            await asyncio.sleep(max(0.0, script.join_s - (time.perf_counter() - started)))
+            first = await self.join(max(2, await self.furthest()), shared, script.catch_up)
+            await self.transport.listen()
+            return first
+        # Scheduled: its round. By hand: the round its neighbours are in (2 at the earliest).
+        return await self.join(script.join if not by_hand else max(2, await self.furthest()), shared, script.catch_up)

@@ -61,7 +61,7 @@ def code_nodes(tmp_path: Path, n: int, neighbours: Sequence[Sequence[int]], *, s
     ports = free_ports(n, "127.0.0.1")
     urls = {nid: f"http://127.0.0.1:{p}" for nid, p in zip(ids, ports)}
     scripts = scripts or [NodeScript()] * n
-    joins_late = frozenset(ids[j] for j in range(n) if scripts[j].join > 1)
+    joins_late = frozenset(ids[j] for j in range(n) if scripts[j].late)
     nodes = []
     for i, nid in enumerate(ids):
         generator = torch.Generator().manual_seed(i)

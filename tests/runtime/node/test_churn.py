@@ -160,3 +160,29 @@ def test_a_node_started_by_hand_while_the_federation_runs_joins_where_it_is(tmp_
     for result in results[:2]:
         assert result["status"] == "ok" and "node-2" in result["rounds"][-1]["arrived"]
     assert_no_wait_paid(results)
+
+
+def test_events_at_a_time_join_leave_crash_and_come_back(tmp_path: Path) -> None:
+    """`second = t` instead of `round = r`: at a time from the node's start. A node joining at a
+    time has its port closed until then (as a process not started) and runs the round its
+    neighbours are in; one leaving at a time says goodbye before its next round; one crashing at
+    a time comes back `restart_after_s` later, where its neighbours are. Thirty rounds last
+    seconds; every event here falls in the first half second."""
+    scripts = [NodeScript(), NodeScript(crash_s=0.2, restart_after_s=0.3), NodeScript(join_s=0.3),
+               NodeScript(leave_s=0.4), NodeScript()]
+    mesh = [[j for j in range(5) if j != i] for i in range(5)]
+    results = run_all(code_nodes(tmp_path, 5, mesh, settings=dataclasses.replace(PATIENT, rounds=30), scripts=scripts))
+    crashed, joiner, leaver = results[1], results[2], results[3]
+    kinds = [e["event"] for e in crashed["membership"]]
+    assert kinds == ["crashed", "restarted"] and crashed["status"] == "ok"
+    back = crashed["membership"][1]["round"]
+    assert [r["round"] for r in crashed["rounds"]][-(31 - back):] == list(range(back, 31))
+    [joined] = joiner["membership"]
+    assert joined["event"] == "joined" and joined["round"] >= 2
+    assert [r["round"] for r in joiner["rounds"]] == list(range(joined["round"], 31))
+    assert leaver["status"] == "left" and len(leaver["rounds"]) < 30
+    assert leaver["membership"][0]["round"] == leaver["rounds"][-1]["round"] + 1
+    for result in (results[0], results[4]):
+        assert result["status"] == "ok" and len(result["rounds"]) == 30
+        assert {"node-1", "node-2"} <= set(result["rounds"][-1]["arrived"]) and "node-3" not in result["rounds"][-1]["arrived"]
+    assert_no_wait_paid(results)
