@@ -84,6 +84,10 @@ class Membership:
         Returns the first round this node runs: `join_round`, or the round the neighbours
         are in (the version taken: a neighbour that published version v is in round v) if later."""
         parts = ("full",) if "full" in shared_parts else tuple(p for p in ("body", "head") if p in shared_parts)
+        if not parts:  # a strategy that shares nothing (Local): no model to take, only the round
+            first = max(join_round, await self.furthest())
+            self.events.append({"round": first, "event": "joined", "from": None, "version": None, "at": time.time()})
+            return first
         first_message = await self.federation_at(join_round - 1, parts[0])
         peer, version = None, None
         if first_message is not None:
@@ -120,10 +124,12 @@ class Membership:
         self.events.append({"round": round_, "event": "crashed", "at": time.time()})
         self.log.warning("crashed before round %d (churn schedule)%s", round_,
                          "" if restart is None else f"; back in round {restart}")
-        if restart is not None:
-            shared = self.exchange.strategy.shared_parts
+        shared = self.exchange.strategy.shared_parts
+        if restart is not None and shared:
             message = await self.federation_at(restart - 1, "full" if "full" in shared else shared[0])
             at_least = max(restart, 0 if message is None else message.header.version)
+        elif restart is not None:  # it shares nothing to wait on: back at its round, or where the others are
+            at_least = max(restart, await self.furthest())
         elif restart_after_s is not None:
             await asyncio.sleep(restart_after_s)
             at_least = await self.furthest()

@@ -186,3 +186,18 @@ def test_events_at_a_time_join_leave_crash_and_come_back(tmp_path: Path) -> None
         assert result["status"] == "ok" and len(result["rounds"]) == 30
         assert {"node-1", "node-2"} <= set(result["rounds"][-1]["arrived"]) and "node-3" not in result["rounds"][-1]["arrived"]
     assert_no_wait_paid(results)
+
+
+def test_a_strategy_that_shares_nothing_joins_and_comes_back_by_round_alone(tmp_path: Path) -> None:
+    from p2pfl.runtime.strategy import Strategy
+
+    class Alone(Strategy):  # Local's shape: trains, shares nothing, fetches nothing
+        shared_parts = ()
+
+    scripts = [NodeScript(), NodeScript(crash=2, restart=3), NodeScript(join=3)]
+    nodes = code_nodes(tmp_path, 3, [[1, 2], [0, 2], [0, 1]], settings=dataclasses.replace(PATIENT, rounds=4),
+                       scripts=scripts, strategy=Alone(), fresh_strategy=Alone)
+    results = run_all(nodes)
+    assert [r["round"] for r in results[2]["rounds"]] == [3, 4] and results[2]["membership"][0]["from"] is None
+    assert [r["round"] for r in results[1]["rounds"]][0] == 1 and results[1]["membership"][1]["event"] == "restarted"
+    assert all(r["status"] == "ok" for r in results)
