@@ -343,9 +343,10 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     if runtime.participation < 1 and global_step:
         raise ConfigError("runtime.participation", f"{algo_name} has a coordinator, which waits for every node; "
                                                    "partial participation needs a serverless algorithm")
-    if churn.active and strategy.needs_coordinator:
-        raise ConfigError("churn", f"{algo_name} has a coordinator; churn is played by serverless algorithms only "
-                                   "for now (the coordinator's rounds do not yet take late members)")
+    if churn.active and getattr(strategy.coordinator, "setup_kind", None) is not None:
+        raise ConfigError("churn", f"{algo_name}'s coordinator holds a setup exchange before round 1, which has no "
+                                   "place for a node that comes later yet; churn runs with serverless algorithms and "
+                                   "with coordinators that only aggregate rounds (di, ga, fedavg_global)")
     return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,
                     churn, raw=dict(raw))
 

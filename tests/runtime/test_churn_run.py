@@ -43,3 +43,53 @@ def test_the_timeline_follows_the_schedule_and_the_same_seed_gives_the_same_one(
     from p2pfl.report.folders import make_report
 
     assert any(p.name == "membership.png" for p in make_report(tmp_path / "a"))
+
+
+def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from_its_global_model(tmp_path: Path) -> None:
+    """GA under churn: a node that joins in round 3 starts from the coordinator's global model of
+    round 2; a node that crashes before round 2 is waited for once (straggler_wait_s) and taken
+    back when it comes back in round 4; the coordinator aggregates who submitted."""
+    import torch
+
+    from p2pfl.models import part_state
+    from p2pfl.runtime.node.round import Round
+
+    from .helpers import build_in_process, run_in_process
+
+    path = write_tiny(tmp_path, nodes=4, rounds=5, samples=40, algorithm="ga", timeout=60.0)
+    nodes, coordinator = build_in_process(path, tmp_path / "run", (
+        "runtime.straggler_wait_s=2.0", "churn.join=[{node = 3, round = 3}]",
+        "churn.crash=[{node = 1, round = 2, restart = 4}]"))
+    assert coordinator is not None
+    globals_by_round: dict[int, dict] = {}
+    publish = coordinator.publish
+
+    async def recording(version, round_, reply):  # type: ignore[no-untyped-def]
+        if "global" in reply.parts:
+            globals_by_round[version] = {k: v.clone() for k, v in reply.parts["global"].items()}
+        await publish(version, round_, reply)
+
+    coordinator.publish = recording  # type: ignore[method-assign]
+    at_first_round: dict = {}
+    run = Round.run
+
+    async def capturing(self: Round):  # type: ignore[no-untyped-def]
+        if self.kit.ctx.node_id == "node-3" and not at_first_round:
+            at_first_round.update({k: v.clone() for k, v in part_state(self.kit.parts.model, "full").items()})
+        return await run(self)
+
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Round, "run", capturing)
+        results, coord, _ = run_in_process(nodes, coordinator)
+    assert coord is not None and coord["status"] == "ok"
+    by_id = {r["id"]: r for r in results}
+    [joined] = by_id["node-3"]["membership"]
+    assert joined == {**joined, "event": "joined", "round": 3, "from": "coordinator", "version": 2}
+    assert all(torch.equal(at_first_round[k], globals_by_round[2][k]) for k in globals_by_round[2])
+    assert [r["round"] for r in by_id["node-3"]["rounds"]] == [3, 4, 5]
+    assert [r["round"] for r in by_id["node-1"]["rounds"]] == [1, 4, 5]
+    submitted = {r["round"]: r["submitted"] for r in coord["rounds"]}
+    assert submitted[1] == ["node-0", "node-1", "node-2"] and submitted[2] == ["node-0", "node-2"]
+    assert submitted[3] == ["node-0", "node-2", "node-3"] and submitted[5] == ["node-0", "node-1", "node-2", "node-3"]

@@ -79,5 +79,7 @@ def test_a_scenario_carries_its_schedule_only_when_there_is_one(tmp_path) -> Non
     assert "churn" not in plain.to_dict()  # old run folders still match
     churned = load_scenario(write_tiny(tmp_path, nodes=4, rounds=4), ['churn.join=[{node = 2, round = 3}]'])
     assert churned.to_dict()["churn"] == {"join": [{"node": 2, "round": 3}]}
-    with pytest.raises(ConfigError, match="coordinator"):
-        load_scenario(write_tiny(tmp_path, nodes=4, rounds=4, algorithm="di"), ['churn.join=[{node = 2, round = 3}]'])
+    with pytest.raises(ConfigError, match="setup exchange"):
+        load_scenario(write_tiny(tmp_path, nodes=4, rounds=4, algorithm="client2vec"), ['churn.join=[{node = 2, round = 3}]'])
+    assert load_scenario(write_tiny(tmp_path, nodes=4, rounds=4, algorithm="ga"),
+                         ['churn.join=[{node = 2, round = 3}]']).churn.active  # a coordinator that only aggregates

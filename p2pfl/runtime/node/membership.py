@@ -19,9 +19,11 @@ from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.state import NodeState
 from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.transport import Transport
 from p2pfl.wire import Message
 
+GLOBAL = "global"  # the part a coordinator serves its global model as (p2pfl.algorithms.di)
 RETRY_S = (0.1, 1.0)  # first and longest pause before asking again when no neighbour could be reached
 
 
@@ -36,18 +38,19 @@ class Membership:
         self.state, self.settings, self.log = state, settings, log
         self.events: list[dict[str, Any]] = []  # joined, crashed, restarted, left: with their rounds
 
-    async def federation_at(self, at_least: int, part: str) -> Message | None:
-        """A neighbour's `part` at version `at_least` or later: the first of the neighbours' answers
-        (a read waits on the neighbour's server until it publishes that version, so a round that
-        passes quickly is not missed). None at once for `at_least` <= 0."""
+    async def federation_at(self, at_least: int, part: str, sources: list[str] | None = None) -> Message | None:
+        """A neighbour's `part` at version `at_least` or later (or the coordinator's, as `sources`
+        says): the first answer (a read waits on the server until it publishes that version, so a
+        round that passes quickly is not missed). None at once for `at_least` <= 0."""
         if at_least <= 0:
             return None
+        sources = list(self.neighbours.asked) if sources is None else sources
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.setup_wait_s
         pause = RETRY_S[0]
         while loop.time() < deadline:
             pending = {asyncio.ensure_future(self.transport.fetch(p, part, at_least, deadline - loop.time()))
-                       for p in self.neighbours.asked}
+                       for p in sources}
             try:
                 while pending:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -59,7 +62,7 @@ class Membership:
                     task.cancel()
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0)))  # none up: crashed, or not yet
             pause = min(pause * 2, RETRY_S[1])
-        raise NoFederation(f"no neighbour of {sorted(self.neighbours.asked)} served round {at_least} within "
+        raise NoFederation(f"none of {sorted(sources)} served round {at_least} within "
                            f"{self.settings.setup_wait_s:.0f} s (runtime.setup_wait_s)")
 
     async def furthest(self) -> int:
@@ -84,6 +87,8 @@ class Membership:
         Returns the first round this node runs: `join_round`, or the round the neighbours
         are in (the version taken: a neighbour that published version v is in round v) if later."""
         parts = ("full",) if "full" in shared_parts else tuple(p for p in ("body", "head") if p in shared_parts)
+        if not parts and self.exchange.ctx.coordinator is not None:  # DI, GA: the newest global model
+            return await self._join_coordinated(join_round, catch_up)
         if not parts:  # a strategy that shares nothing (Local): no model to take, only the round
             first = max(join_round, await self.furthest())
             self.events.append({"round": first, "event": "joined", "from": None, "version": None, "at": time.time()})
@@ -98,6 +103,18 @@ class Membership:
         self.events.append({"round": first, "event": "joined", "from": peer if catch_up else None,
                             "version": version if catch_up else None, "at": time.time()})
         self.log.info("joined in round %d with %s's model (version %s)", first, peer, version)
+        return first
+
+    async def _join_coordinated(self, join_round: int, catch_up: bool) -> int:
+        """The coordinator's global model of the round before `join_round` or newer (it publishes
+        version v when round v is aggregated: the federation is then in round v + 1)."""
+        message = await self.federation_at(join_round - 1, GLOBAL, [COORDINATOR_ID])
+        version = None if message is None else message.header.version
+        if message is not None and catch_up:
+            await self._take_model(message, ())
+        first = max(join_round, (version or 0) + 1)
+        self.events.append({"round": first, "event": "joined", "from": COORDINATOR_ID if catch_up and message else None,
+                            "version": version if catch_up else None, "at": time.time()})
         return first
 
     async def _take_model(self, first: Message, more_parts: tuple[str, ...]) -> None:
@@ -128,6 +145,9 @@ class Membership:
         if restart is not None and shared:
             message = await self.federation_at(restart - 1, "full" if "full" in shared else shared[0])
             at_least = max(restart, 0 if message is None else message.header.version)
+        elif restart is not None and self.exchange.ctx.coordinator is not None:
+            message = await self.federation_at(restart - 1, GLOBAL, [COORDINATOR_ID])
+            at_least = max(restart, 0 if message is None else message.header.version + 1)
         elif restart is not None:  # it shares nothing to wait on: back at its round, or where the others are
             at_least = max(restart, await self.furthest())
         elif restart_after_s is not None:
