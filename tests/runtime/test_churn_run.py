@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
+
+from p2pfl.models import part_state
+from p2pfl.report.folders import make_report
 from p2pfl.runtime.churn import scripts_of
+from p2pfl.runtime.node.round import Round
 from p2pfl.runtime.config import node_ids
 from p2pfl.scenario.launcher import run_scenario
 from p2pfl.scenario.schema import load_scenario
 
-from .helpers import write_tiny
+from .helpers import build_in_process, run_in_process, write_tiny
 
 CHURN = ['runtime.placement="shared"', "runtime.workers=1", 'runtime.topology="ring"', "runtime.linger_s=5",
          "churn.join=[{node = 4, round = 3}]", "churn.leave=[{node = 2, round = 4}]",
@@ -39,9 +45,6 @@ def test_the_timeline_follows_the_schedule_and_the_same_seed_gives_the_same_one(
         ids[0]: "degraded", ids[1]: "ok", ids[2]: "left", ids[3]: "ok", ids[4]: "ok"}
     # node-0's ring neighbours in round 2: node-1 had crashed, node-4 had not joined: it learned from no one.
     assert by_id[ids[0]]["rounds_alone"] == [2]
-    (tmp_path / "a" / "report").mkdir(exist_ok=True)
-    from p2pfl.report.folders import make_report
-
     assert any(p.name == "membership.png" for p in make_report(tmp_path / "a"))
 
 
@@ -49,13 +52,6 @@ def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from
     """GA under churn: a node that joins in round 3 starts from the coordinator's global model of
     round 2; a node that crashes before round 2 is waited for once (straggler_wait_s) and taken
     back when it comes back in round 4; the coordinator aggregates who submitted."""
-    import torch
-
-    from p2pfl.models import part_state
-    from p2pfl.runtime.node.round import Round
-
-    from .helpers import build_in_process, run_in_process
-
     path = write_tiny(tmp_path, nodes=4, rounds=5, samples=40, algorithm="ga", timeout=60.0)
     nodes, coordinator = build_in_process(path, tmp_path / "run", (
         "runtime.straggler_wait_s=2.0", "churn.join=[{node = 3, round = 3}]",
@@ -77,8 +73,6 @@ def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from
         if self.kit.ctx.node_id == "node-3" and not at_first_round:
             at_first_round.update({k: v.clone() for k, v in part_state(self.kit.parts.model, "full").items()})
         return await run(self)
-
-    import pytest
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Round, "run", capturing)
