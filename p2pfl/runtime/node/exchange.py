@@ -48,8 +48,6 @@ class Exchange:
         """Ask each watched neighbour (replaced for its silence) whether it is back: a closed port
         answers at once, a silent host within a second."""
         watched = sorted(self.neighbours.watched)
-        if not watched:
-            return
         statuses = await asyncio.gather(*(self.transport.status_of(p, timeout=1.0) for p in watched))
         for peer, status in zip(watched, statuses):
             if status is not None and not status.get("done"):

@@ -100,7 +100,7 @@ class Node:
         return self.ctx.round
 
     def _on_departed(self, peer: str, reason: str) -> None:
-        self.neighbours.depart(peer, reason, self.ctx.round)
+        self.neighbours.depart(peer, self.ctx.round)
 
     def _status(self) -> dict[str, Any]:
         # Public (unauthenticated): liveness and round only.
@@ -157,8 +157,8 @@ class Node:
             if r == script.leave or (script.leave_s is not None and since_start >= script.leave_s):
                 self.membership.events.append({"round": r, "event": "left", "at": time.time()})
                 return "left"
-            crashed_before = any(e["event"] == "crashed" for e in self.membership.events)
-            if r == script.crash or (script.crash_s is not None and since_start >= script.crash_s and not crashed_before):
+            if r == script.crash or (script.crash_s is not None and since_start >= script.crash_s
+                                     and not any(e["event"] == "crashed" for e in self.membership.events)):
                 came_back = await self.membership.crash(r, script.restart, script.restart_after_s)
                 if came_back is None:
                     return "crashed"

@@ -90,20 +90,15 @@ class Membership:
         if not parts and self.exchange.ctx.coordinator is not None:  # DI, GA: the newest global model
             return await self._join_coordinated(join_round, catch_up)
         if not parts:  # a strategy that shares nothing (Local): no model to take, only the round
-            first = max(join_round, await self.furthest())
-            self.events.append({"round": first, "event": "joined", "from": None, "version": None, "at": time.time()})
-            return first
+            return self._joined(max(join_round, await self.furthest()), None, None)
         first_message = await self.federation_at(join_round - 1, parts[0])
         peer, version = None, None
         if first_message is not None:
             peer, version = first_message.header.sender, first_message.header.version
             if catch_up:
                 await self._take_model(first_message, parts[1:])
-        first = max(join_round, version or 0)  # a neighbour that published version v is in round v
-        self.events.append({"round": first, "event": "joined", "from": peer if catch_up else None,
-                            "version": version if catch_up else None, "at": time.time()})
-        self.log.info("joined in round %d with %s's model (version %s)", first, peer, version)
-        return first
+        # A neighbour that published version v is in round v.
+        return self._joined(max(join_round, version or 0), *((peer, version) if catch_up else (None, None)))
 
     async def _join_coordinated(self, join_round: int, catch_up: bool) -> int:
         """The coordinator's global model of the round before `join_round` or newer (it publishes
@@ -112,9 +107,13 @@ class Membership:
         version = None if message is None else message.header.version
         if message is not None and catch_up:
             await self._take_model(message, ())
-        first = max(join_round, (version or 0) + 1)
-        self.events.append({"round": first, "event": "joined", "from": COORDINATOR_ID if catch_up and message else None,
-                            "version": version if catch_up else None, "at": time.time()})
+        taken = catch_up and message is not None
+        return self._joined(max(join_round, (version or 0) + 1), *((COORDINATOR_ID, version) if taken else (None, None)))
+
+    def _joined(self, first: int, source: str | None, version: int | None) -> int:
+        """Record the join (`source`: whose model it started from, None: its own) and return `first`."""
+        self.events.append({"round": first, "event": "joined", "from": source, "version": version, "at": time.time()})
+        self.log.info("joined in round %d with %s's model (version %s)", first, source or "its own", version)
         return first
 
     async def _take_model(self, first: Message, more_parts: tuple[str, ...]) -> None:

@@ -37,7 +37,6 @@ class Neighbours:
         self.unreachable: set[str] = set()   # asked last time and did not answer: probed before it is waited for
         self.watched: set[str] = set()       # replaced for its silence: probed each round, taken back when it answers
         self.stand_ins: dict[str, str] = {}  # replacement -> the neighbour it stands in for
-        self.reasons: dict[str, str] = {}    # departed peer -> the reason it gave
         self.events: dict[int, dict[str, Any]] = {}  # round -> what changed in the table then
         self.declared_sizes = DeclaredSizes()
         self.seed = seed
@@ -51,14 +50,14 @@ class Neighbours:
         else:
             event.setdefault(kind, {})[peer] = value
 
-    def depart(self, peer: str, reason: str, round_: int) -> None:
-        """`peer` said goodbye (signed): it is not waited for again, and a neighbour is replaced."""
+    def depart(self, peer: str, round_: int) -> None:
+        """`peer` said goodbye (signed; the carrier keeps its reason): it is not waited for again, and
+        a neighbour is replaced."""
         if peer in self.departed:
             return
         self.departed.add(peer)
         self.unreachable.add(peer)
         self.watched.discard(peer)
-        self.reasons[peer] = reason
         if peer in self.asked:
             self._note(round_, "departed", peer)
             self._replace(peer, round_)

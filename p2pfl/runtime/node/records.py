@@ -90,11 +90,6 @@ ROUND = "round"
 PARTICIPATED = "participated"
 TEST_ACC = "test_acc"
 TEST_ACC_AGGREGATED = "test_acc_aggregated"
-VAL_ACC = "val_acc"
-VAL_ACC_AGGREGATED = "val_acc_aggregated"
-EPSILON = "epsilon"
-BYTES_SENT = "bytes_sent"
-BYTES_RECEIVED = "bytes_received"
 
 
 def participated(record: Mapping[str, Any]) -> bool:

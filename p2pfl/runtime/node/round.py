@@ -81,7 +81,8 @@ class Round:
         started_at = self._begin("train")
         clock = self.clock
         assert clock is not None
-        probes = asyncio.ensure_future(exchange.probe_watched(r))  # answered while this node trains
+        # Watched neighbours are probed while this node trains (most rounds have none to probe).
+        probes = asyncio.ensure_future(exchange.probe_watched(r)) if kit.neighbours.watched else None
         ctx.round_start = checks.round_start = FlatCopy(parts.model.state_dict())
         fit, trained = await asyncio.to_thread(self.train_and_score)
         if parts.script.slowdown > 1:  # a slower machine, on this one: the training's time, stretched
@@ -101,8 +102,9 @@ class Round:
         pushes = await asyncio.to_thread(strategy.pushes, ctx) if overrides(strategy, Strategy, "pushes") else []
         clock.switch("exchange")
         await exchange.send_pushes(pushes, r)
-        await probes
-        ctx.peers = kit.neighbours.asked
+        if probes is not None:
+            await probes
+        ctx.peers = kit.neighbours.asked  # after the probes, and any goodbye that came while it trained
         fetches, versions, sat_out = kit.neighbours.to_ask(strategy.configure_fetch(ctx), r, kit.settings.accept_stale)
         arrived = await exchange.gather(fetches, r, checks, versions=versions)
         unanswered = kit.neighbours.warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived}

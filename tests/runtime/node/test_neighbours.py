@@ -13,13 +13,13 @@ def table(asked: list[str], **kw: object) -> Neighbours:
 
 def test_a_departed_neighbour_is_replaced_by_a_roster_member_not_already_asked() -> None:
     t = table(["node-1", "node-2"])
-    t.depart("node-1", "leaving", 3)
+    t.depart("node-1", 3)
     assert len(t.asked) == 2 and "node-1" not in t.asked and "node-2" in t.asked
     [stand_in] = set(t.asked) - {"node-2"}
     assert stand_in in MEMBERS and stand_in not in ("node-0", "node-1")
     assert t.changes() == {"departed": ["node-1"], "replaced": {"node-1": stand_in}}
     assert t.changes() == {}  # drained
-    t.depart("node-1", "again", 4)  # a second goodbye changes nothing
+    t.depart("node-1", 4)  # a second goodbye changes nothing
     assert t.changes() == {}
 
 
@@ -29,7 +29,7 @@ def test_the_replacement_is_the_same_draw_for_the_same_seed_and_differs_with_it(
         picks = []
         for _ in range(2):
             t = Neighbours(["node-1", "node-2"], members=MEMBERS[1:], seed=seed)
-            t.depart("node-1", "", 2)
+            t.depart("node-1", 2)
             picks.append(t.asked)
         assert picks[0] == picks[1]
         draws.add(picks[0])
@@ -59,15 +59,15 @@ def test_a_peer_answering_between_silences_is_not_replaced() -> None:
 def test_no_stand_in_is_a_member_that_has_not_joined_yet_or_left() -> None:
     late = {m: frozenset(range(9, 12)) for m in MEMBERS[3:]}  # join in round 9
     t = Neighbours(["node-1", "node-2"], late, members=MEMBERS[1:], seed=1)
-    t.depart("node-2", "", 2)
+    t.depart("node-2", 2)
     assert t.asked == ("node-1",)  # nobody else has joined: the degree waits for them
     t = Neighbours(["node-1", "node-2"], late, members=MEMBERS[1:], seed=1)
-    t.depart("node-2", "", 8)  # asks from round 9 on: a joiner of round 9 may stand in
+    t.depart("node-2", 8)  # asks from round 9 on: a joiner of round 9 may stand in
     assert len(t.asked) == 2 and set(t.asked) - {"node-1"} <= set(MEMBERS[3:])
 
 
 def test_a_full_mesh_node_drops_a_departed_peer_without_a_stand_in() -> None:
     t = Neighbours(["node-1", "node-2", "node-3"], members=["node-1", "node-2", "node-3"], seed=0)
-    t.depart("node-3", "", 1)
+    t.depart("node-3", 1)
     assert t.asked == ("node-1", "node-2")
     assert t.changes() == {"departed": ["node-3"]}
