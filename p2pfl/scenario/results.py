@@ -362,6 +362,12 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append("nodes restarted from their checkpoint (--resume, or a crash in [churn]): " + "; ".join(
             f"{nid} after round{'s' if len(after) > 1 else ''} {', '.join(map(str, after))}"
             for nid, after in restarted.items()))
+    replaced = sum(len((r.get("neighbours") or {}).get("replaced") or {}) for n in results["nodes"]
+                   for r in n.get("rounds", []))
+    if replaced:
+        lines.append(f"note: neighbours replaced {replaced} times (a neighbour that left, or was silent two rounds "
+                     "running, gave way to a stand-in from the roster): the nodes did not all learn from the "
+                     "topology's neighbours; each round's record lists the changes under `neighbours`")
     node_rounds = sum(1 for n in results["nodes"] for r in n.get("rounds", []) if r.get("participated", True))
     for warning in (download_warning(s["downloads"]), refusal_warning(s.get("peers_refused") or {}),
                     bounded_warning(s.get("peers_bounded") or {}, node_rounds, s.get("peers_bounded_far")),

@@ -14,6 +14,7 @@ from p2pfl.runtime.churn import scripts_of
 from p2pfl.runtime.node.round import Round
 from p2pfl.runtime.config import node_ids
 from p2pfl.scenario.launcher import run_scenario
+from p2pfl.scenario.results import format_summary
 from p2pfl.scenario.schema import load_scenario
 
 from .helpers import build_in_process, run_in_process, write_tiny
@@ -46,6 +47,10 @@ def test_the_timeline_follows_the_schedule_and_the_same_seed_gives_the_same_one(
     # node-0's ring neighbours in round 2: node-1 had crashed, node-4 had not joined: it learned from no one.
     assert by_id[ids[0]]["rounds_alone"] == [2]
     assert any(p.name == "membership.png" for p in make_report(tmp_path / "a"))
+    # The summary says that neighbours changed: who a node learned from is not the topology's alone.
+    replaced = sum(len((r.get("neighbours") or {}).get("replaced") or {}) for n in results["nodes"] for r in n["rounds"])
+    summary = format_summary(results)
+    assert (f"neighbours replaced {replaced} times" in summary) == (replaced > 0)
 
 
 def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from_its_global_model(tmp_path: Path) -> None:
