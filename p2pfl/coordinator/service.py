@@ -32,7 +32,8 @@ from p2pfl.models import build_model, load_part, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import (CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint,
                                      scenario_digest)
-from p2pfl.runtime.config import NodeConfig
+from p2pfl.runtime.churn import scripts_of
+from p2pfl.runtime.config import NodeConfig, node_ids
 from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.devices import host_snapshot, node_device, split_to_device, to_device
@@ -75,7 +76,10 @@ class Coordinator:
         self.spec = part_spec(self.model, "full")
         self.half = self.build_half()
         self.evaluator = LocalTrainer(sc.train, device=self.device)
-        self.expected: set[str] = set(config.peers)
+        # Not waited for: nodes the churn schedule brings in later (they submit from their round on).
+        scripts = scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
+        late = {nid for nid, script in zip(node_ids(sc.nodes), scripts) if script.late}
+        self.expected: set[str] = set(config.peers) - late
         self.counter = ByteCounter()
         self.submissions: dict[int, dict[str, Submission]] = {}
         self.declared_sizes = DeclaredSizes()
