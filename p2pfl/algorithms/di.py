@@ -48,8 +48,10 @@ What the numbers say (tests/algorithms/test_di.py, benchmarks/dic.py):
 * Sign of ξ. With H + λI ≻ 0, ξ is most negative for a node whose training gradient at
   its trained model still aligns with its core gradient at the global model (consistent
   data, not yet fitted), and near 0 for shuffled labels (small, incoherent gradients).
-  Larger ξ means larger weight (eq. 13), so the ξ term ranks a label-noise node *above* a
-  clean one; only the φ term penalises it. We implement the formula as specified.
+  Under eq. 12's ratio (the default) with every ξ negative, the most negative ξ weighs most
+  (eq. 13), so the ξ term ranks a consistent node above a label-noise one (ξ ≈ 0); the
+  order-preserving maps ("shift", "rank", "softmax") read a larger ξ as more weight and rank
+  them the other way round. A node that sends no finite ξ gets ξ' = 0 under every map.
 * `hessian="all"`: for the project's CNNs the full Hessian is indefinite even at λ = 1, so
   CG stops at negative curvature after 1–4 HVPs and ξ is the truncated iterate (it then
   varies strongly with λ). `"head"` is well posed; at λ = 0.01 CG needs ~120–170

@@ -37,7 +37,7 @@ from p2pfl.core.dia import (
     ga_update,
     generalization_gap,
     DEFAULT_XI_MAPPING,
-    influence_distribution,
+    influence_shares,
     validate_dia_params,
     validate_ga_params,
 )
@@ -178,9 +178,10 @@ class GAHalf(GlobalModelHalf):
 class DIHalf(GlobalModelHalf):
     """DIA (DI eq. 12–15) with the Table-4 ablations (see `p2pfl.algorithms.di`).
 
-    Missing or non-finite statistics: a node without a finite ξ is given the smallest finite
-    ξ of the round (it is treated as the least influential node), one without a finite φ the
-    largest finite φ; when no node has a finite ξ the round falls back to the dic-off rule,
+    Missing or non-finite statistics: a node without a finite ξ gets ξ' = 0, the smallest share
+    under every mapping (`p2pfl.core.dia.influence_shares`; imputing a ξ value would not do:
+    under the ratio with all ξ < 0 the smallest ξ weighs most); one without a finite φ is given
+    the largest finite φ. When no node has a finite ξ the round falls back to the dic-off rule,
     when none has a finite φ, φ' is uniform. Both are listed in `info["imputed"]`.
     """
 
@@ -221,7 +222,9 @@ class DIHalf(GlobalModelHalf):
         if not self.dic and not self.dia:
             n = np.array([_n_train(s) for s in submissions])
             return n / n.sum(), {"ablation": "fedavg"}
-        xi, xi_missing = self._impute([_number(s.meta, "xi") for s in submissions], "min")
+        xi_sent = [_number(s.meta, "xi") for s in submissions]
+        xi_missing = [i for i, v in enumerate(xi_sent) if v is None]
+        xi = None if len(xi_missing) == len(xi_sent) else xi_sent
         phi, phi_missing = self._impute([_number(s.meta, "phi") for s in submissions], "max")
         info: dict[str, Any] = {
             "xi": dict(zip(ids, xi)) if xi is not None else None,
@@ -230,7 +233,7 @@ class DIHalf(GlobalModelHalf):
         }
         use_xi = self.dic and xi is not None
         if use_xi and not self.dia:
-            omega = influence_distribution(xi, self.mapping)
+            omega = influence_shares(xi, self.mapping)
             info.update(ablation="dic_only", xi_prime=omega.tolist())
             return omega, info
         terms = dia(xi if use_xi else None, phi if phi is not None else np.ones(len(ids)),

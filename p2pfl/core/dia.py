@@ -147,6 +147,19 @@ def influence_distribution(xi: Sequence[float] | np.ndarray, mapping: str = DEFA
     return e / e.sum()
 
 
+def influence_shares(xi: Sequence[float | None], mapping: str = DEFAULT_XI_MAPPING,
+                     temperature: float = 1.0) -> np.ndarray:
+    """ξ' with missing entries (None: a node that sent no finite ξ): the others are mapped among
+    themselves and a missing one gets share 0, the smallest any mapping gives, so a node that
+    sends nothing never outweighs one that did. All missing: equal shares. NaN is an error."""
+    present = [i for i, v in enumerate(xi) if v is not None]
+    shares = np.zeros(len(xi))
+    if not present:
+        return _uniform(len(xi))
+    shares[present] = influence_distribution([float(xi[i]) for i in present], mapping, temperature)  # type: ignore[arg-type]
+    return shares
+
+
 def loss_distribution(phi: Sequence[float] | np.ndarray) -> np.ndarray:
     """φ' = φ / Σ φ for non-negative loss sums (equal shares when all are 0)."""
     arr = _as_finite(phi, "phi")
@@ -187,7 +200,8 @@ def dia(
     mapping: str = DEFAULT_XI_MAPPING,
     temperature: float = 1.0,
 ) -> DIA:
-    """DIA weights (eq. 12–15). `xi=None` (DIC off) makes ξ' uniform, hence w1 = 1/n."""
+    """DIA weights (eq. 12–15). `xi=None` (DIC off) makes ξ' uniform, hence w1 = 1/n; an entry of
+    `xi` that is None gets ξ' = 0 (`influence_shares`), the smallest w1."""
     alpha = _check_strength(alpha, "alpha")
     beta = _check_strength(beta, "beta")
     phi_prime = loss_distribution(phi)
@@ -195,7 +209,7 @@ def dia(
     if xi is None:
         xi_prime = _uniform(n)
     else:
-        xi_prime = influence_distribution(xi, mapping, temperature)
+        xi_prime = influence_shares(list(xi), mapping, temperature)
         if xi_prime.size != n:
             raise ValueError(f"xi has {xi_prime.size} entries but phi has {n}")
     w1 = trade_off(xi_prime, alpha)

@@ -363,7 +363,8 @@ def data_influence(
     the cost). H is symmetric, so solving against g_core and dotting with ḡ equals the
     paper's order (ḡ's influence vector −H⁻¹ḡ dotted with g_core). By Koh & Liang's
     convention ξ is the first-order change of the core loss when the training data are
-    up-weighted; DI uses it as a weight, larger ξ → larger weight (see `p2pfl.core.dia`).
+    up-weighted; DI maps it to a weight by eq. 12 (`p2pfl.core.dia`: under the ratio with all
+    ξ < 0 the most negative ξ weighs most).
     `solver_options` go to `inverse_hvp`.
     """
     if core.names != train.names or core.dim != train.dim:

@@ -4,7 +4,8 @@ Runs of two rows with the same seed share the partition and the initial weights,
 per-seed difference d_s = a_s − b_s removes what the seed does to both. We report the mean
 of d, its two-sided 95 % t interval (mean ± t_{0.975, n−1} · sd(d)/√n, sd with n − 1) and the
 paired t test's p-value. A claim "holds" only where the difference is significant at 5 % over
-at least `MIN_SEEDS` seeds; otherwise the rows are "level". With few seeds the t test is the
+at least `MIN_SEEDS` seeds, after Holm's correction over the tests of its table
+(`holm_corrected`); otherwise the rows are "level". With few seeds the t test is the
 standard choice (a bootstrap over 5 values has only 126 distinct resamples); it assumes the
 differences are roughly normal, which a mean over nodes of accuracies tends to be.
 
@@ -13,6 +14,7 @@ Pure math over floats; imports nothing from p2pfl.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping
@@ -32,15 +34,17 @@ class PairedDifference:
     high: float
     p_value: float
     verdict: str
+    p_holm: float = math.nan  # the p-value after Holm's correction within its table (`holm_corrected`)
 
     def cell(self, scale: float = 100.0) -> str:
-        """`+1.2 [+0.3, +2.1] p=0.02 higher`, in points."""
+        """`+1.2 [+0.3, +2.1] p=0.02 higher`, in points; `p=0.02 (Holm 0.06) level` once corrected."""
         if math.isnan(self.mean):
             return "-"
         if math.isnan(self.low):
             return f"{self.mean * scale:+.1f} (n={len(self.seeds)}) {self.verdict}"
+        corrected = "" if math.isnan(self.p_holm) else f" (Holm {self.p_holm:.2g})"
         return (f"{self.mean * scale:+.1f} [{self.low * scale:+.1f}, {self.high * scale:+.1f}] "
-                f"p={self.p_value:.2g} {self.verdict}")
+                f"p={self.p_value:.2g}{corrected} {self.verdict}")
 
 
 def paired_difference(a: Mapping[int, float], b: Mapping[int, float], *, level: float = LEVEL,
@@ -79,4 +83,19 @@ def holm(p_values: Mapping[str, float], *, level: float = LEVEL) -> dict[str, tu
         p = 1.0 if math.isnan(p_values[name]) else p_values[name]
         running = max(running, min(1.0, (m - i) * p))
         out[name] = (running, running < level)
+    return out
+
+
+def holm_corrected(tests: Mapping[str, PairedDifference], *, level: float = LEVEL,
+                   min_seeds: int = MIN_SEEDS) -> dict[str, PairedDifference]:
+    """The table's paired differences with Holm's adjusted p and the verdict taken from it: a
+    claim holds only where the adjusted p is below `level` over at least `min_seeds` seeds. Tests
+    without a p (fewer than 2 seeds) stay out of the family and stay "level"."""
+    tested = {name: d for name, d in tests.items() if not math.isnan(d.p_value)}
+    adjusted = holm({name: d.p_value for name, d in tested.items()}, level=level)
+    out = dict(tests)
+    for name, d in tested.items():
+        p_holm, significant = adjusted[name]
+        verdict = ("higher" if d.mean > 0 else "lower") if significant and len(d.seeds) >= min_seeds else "level"
+        out[name] = dataclasses.replace(d, p_holm=p_holm, verdict=verdict)
     return out

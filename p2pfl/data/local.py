@@ -1,5 +1,7 @@
 """Loaders for datasets the user already has on disk (nothing is ever downloaded).
 
+* ``fashion_mnist``: the 70,000 Fashion-MNIST images (60,000 train + 10,000 t10k) as idx
+  files, from Debian's ``dataset-fashion-mnist`` folder or the one ``data.path`` names.
 * ``idx``: MNIST / Fashion-MNIST (or any idx-format image set), files
   ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte`` (required) and
   ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte`` (optional), each optionally
@@ -105,6 +107,25 @@ def load_idx(path: str | Path | None) -> tuple[np.ndarray, np.ndarray, int]:
     if len(y) == 0 or y.min() < 0:
         raise ConfigError(FIELD, f"idx labels in {str(folder)!r} are empty or negative")
     return x, y, max(10, int(y.max()) + 1)
+
+
+def load_fashion_mnist(path: str | Path | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Fashion-MNIST's train and t10k idx files, pooled: both must be there (70,000 images), so a
+    run's split is the same on every machine that has the data set."""
+    from .spec import FASHION_MNIST_FOLDER
+
+    folder = Path(path or FASHION_MNIST_FOLDER).expanduser()
+    missing = [n for n in ("train-images", "train-labels", "t10k-images", "t10k-labels")
+               if _find_idx(folder, n, "idx3" if n.endswith("images") else "idx1") is None]
+    if missing:
+        where = "Debian's folder " if path is None else ""
+        raise ConfigError(FIELD, f"Fashion-MNIST's {', '.join(missing)} idx files are not in {where}{str(folder)!r}: "
+                                 "install them with 'apt-get install dataset-fashion-mnist' (Debian/Ubuntu), or set "
+                                 "data.path to a folder holding train-/t10k-images-idx3-ubyte[.gz] and -labels-idx1-ubyte[.gz]")
+    x, y, _ = load_idx(folder)
+    if int(y.max()) > 9:
+        raise ConfigError(FIELD, f"{str(folder)!r} holds labels up to {int(y.max())}; Fashion-MNIST has 10 classes")
+    return x, y, 10
 
 
 # ---------------------------------------------------------------------------- cifar

@@ -64,6 +64,9 @@ def _pool(dataset: str, domains: tuple[str, ...], path: str | None) -> Pool:
     elif spec.dataset == "idx":
         x, y, k = local.load_idx(spec.path)
         parts = [(x, y)]
+    elif spec.dataset == "fashion_mnist":
+        x, y, k = local.load_fashion_mnist(spec.path)
+        parts = [(x, y)]
     else:
         x, y, k = local.load_cifar(spec.path, spec.dataset)
         parts = [(x, y)]

@@ -10,14 +10,16 @@ from typing import Any, Mapping
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import is_reference
 
-DATASETS = ("mnist", "digits", "idx", "cifar10", "cifar100")
+DATASETS = ("mnist", "digits", "fashion_mnist", "idx", "cifar10", "cifar100")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_per_node", "pathological", "domain")
 DOMAIN_SPLITS = ("iid", "dirichlet")
 DIGIT_DOMAINS = ("mnist", "uci", "synth", "mnistm", "usps")
 LOCAL_DATASETS = ("idx", "cifar10", "cifar100")
 
 # Number of classes known before any data is read (idx: at least 10, see local.py).
-KNOWN_NUM_CLASSES = {"mnist": 10, "digits": 10, "cifar10": 10, "cifar100": 100}
+KNOWN_NUM_CLASSES = {"mnist": 10, "digits": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
+# Where Debian's `dataset-fashion-mnist` puts the 70,000 images; `data.path` names another folder.
+FASHION_MNIST_FOLDER = "/usr/share/datasets/fashion-mnist"
 
 
 def _is_int(v: Any) -> bool:
@@ -36,8 +38,8 @@ class DataSpec:
     construct it directly and call :meth:`validate`.
     """
 
-    dataset: str = "mnist"  # "mnist" | "digits" | "idx" | "cifar10" | "cifar100" | "package.module:loader"
-    path: str | None = None  # folder for idx / cifar
+    dataset: str = "mnist"  # "mnist" | "digits" | "fashion_mnist" | "idx" | "cifar10" | "cifar100" | "package.module:loader"
+    path: str | None = None  # folder for idx / cifar; fashion_mnist: default FASHION_MNIST_FOLDER
     domains: tuple[str, ...] = ()  # for digits: which domains (default all five)
     partition: str = "iid"  # "iid" | "dirichlet" | "dirichlet_per_node" | "pathological" | "domain"
     alpha: float = 0.5
@@ -114,8 +116,11 @@ class DataSpec:
         if self.dataset in LOCAL_DATASETS:
             if not isinstance(self.path, str) or not self.path.strip():
                 raise err("path", f"dataset {self.dataset!r} reads files you already have: set path to their folder")
-        elif self.path is not None:
-            raise err("path", f"only used by datasets {', '.join(LOCAL_DATASETS)}; dataset {self.dataset!r} ships with the package")
+        elif self.path is not None and self.dataset != "fashion_mnist":
+            raise err("path", f"only used by datasets {', '.join(LOCAL_DATASETS)} and fashion_mnist; "
+                              f"dataset {self.dataset!r} ships with the package")
+        elif self.dataset == "fashion_mnist" and self.path is not None and not self.path.strip():
+            raise err("path", "is empty: leave it out for Debian's folder, or name the folder with the idx files")
 
         # domains
         if not isinstance(self.domains, tuple):

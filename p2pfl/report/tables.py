@@ -314,8 +314,9 @@ def poisoning_grid_table(clean: Mapping[float, Path], attacked: Mapping[str, Map
     factor -> its compare folder (same rows and seeds). Honest nodes' accuracy, mean (std) over
     seeds, and per attack the paired difference over seeds of the bounded, attacked run from the
     clean run as each method is printed (c = 0), and from the clean run under the same bound (the
-    attack's own damage), each with its 95 % t interval."""
-    from p2pfl.core.paired import paired_difference
+    attack's own damage), each with its 95 % t interval; verdicts by the project's rule (at least
+    5 seeds, Holm's correction over the table's tests)."""
+    from p2pfl.core.paired import holm_corrected, paired_difference
 
     any_folder = next(iter(next(iter(attacked.values())).values()))
     spec = next((_attack_of(r) for runs in _row_runs(any_folder).values() for r in runs), None)
@@ -328,16 +329,17 @@ def poisoning_grid_table(clean: Mapping[float, Path], attacked: Mapping[str, Map
     head = ["attack", "row", "clean, c = 0", f"clean, c = {bound:g}", "attacked, c = 0", f"attacked, c = {bound:g}",
             f"attacked c = {bound:g} − clean c = 0 (pts, 95 % interval)",
             f"attacked c = {bound:g} − clean c = {bound:g}", "seeds"]
-    rows = []
+    cells, tests = [], {}
     for attack, by_bound in attacked.items():
         without, with_bound = _honest_by_seed(by_bound[0.0], attackers), _honest_by_seed(by_bound[bound], attackers)
         for label in base:
-            diff = paired_difference(with_bound.get(label, {}), base[label], min_seeds=len(base[label]))
-            attack_only = paired_difference(with_bound.get(label, {}), clean_bounded.get(label, {}),
-                                            min_seeds=len(base[label]))
-            rows.append([attack, label, mean_std(base[label].values(), 100, 1),
-                         mean_std(clean_bounded.get(label, {}).values(), 100, 1),
-                         mean_std(without.get(label, {}).values(), 100, 1),
-                         mean_std(with_bound.get(label, {}).values(), 100, 1),
-                         diff.cell(), attack_only.cell(), str(len(diff.seeds))])
+            tests[f"{attack}/{label}/printed"] = paired_difference(with_bound.get(label, {}), base[label])
+            tests[f"{attack}/{label}/bounded"] = paired_difference(with_bound.get(label, {}), clean_bounded.get(label, {}))
+            cells.append((attack, label, [mean_std(base[label].values(), 100, 1),
+                                          mean_std(clean_bounded.get(label, {}).values(), 100, 1),
+                                          mean_std(without.get(label, {}).values(), 100, 1),
+                                          mean_std(with_bound.get(label, {}).values(), 100, 1)]))
+    tested = holm_corrected(tests)
+    rows = [[attack, label, *means, tested[f"{attack}/{label}/printed"].cell(), tested[f"{attack}/{label}/bounded"].cell(),
+             str(len(tested[f"{attack}/{label}/printed"].seeds))] for attack, label, means in cells]
     return _markdown(head, rows)

@@ -10,7 +10,8 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
   the round's submissions on the coordinator. A peer claiming 10⁹ samples otherwise takes
   0.99999996 of the average; capped at 4x, it weighs as four honest peers of the reference size
   at most, while honest splits within 4x of each other (every partition this project ships) are
-  untouched.
+  untouched. `max_weight_ratio = 0` turns the cap off (the papers' scenarios: their averages by
+  sample count as printed).
 * **Magnitude**: a part whose L2 norm exceeds `max_norm_ratio` times the node's own part's norm
   (own norms under 1 count as 1, so a fresh zero-initialised part is no trap) is refused. Finite
   values of 1e37 pass the wire's NaN check, get averaged in, and the next round trains to NaN; no
@@ -222,7 +223,10 @@ class DeclaredSizes:
 
 
 def capped_size(n_train: int, reference: float, max_weight_ratio: float) -> int:
-    """`n_train` counted at most `max_weight_ratio` times `reference` (and at least 1)."""
+    """`n_train` counted at most `max_weight_ratio` times `reference` (and at least 1); a ratio of
+    0 caps nothing (the papers' sample-count averages as printed)."""
+    if max_weight_ratio == 0:
+        return max(1, int(n_train))
     return max(1, min(int(n_train), int(max_weight_ratio * reference)))
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2pfl.core.paired import LEVEL, MIN_SEEDS, paired_difference
+from p2pfl.core.paired import LEVEL, MIN_SEEDS, PairedDifference, holm_corrected, paired_difference
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
 from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, degraded_warning, download_health, download_warning,
@@ -230,9 +230,16 @@ def md_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def paired_cells(runs: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]], key: str) -> str:
-    """The paired difference of `key` (a run summary's accuracy) against the reference row."""
-    return paired_difference({r["seed"]: r.get(key) for r in runs}, {r["seed"]: r.get(key) for r in reference}).cell()
+PAIRED_KEYS = ("final", "final_aggregated")
+
+
+def paired_table(rows: Mapping[str, Sequence[Mapping[str, Any]]], reference: str) -> dict[tuple[str, str], PairedDifference]:
+    """(row, key) -> the paired difference of `key` (a run summary's accuracy) against the reference
+    row, Holm-corrected over every such test of the table (both columns, every row)."""
+    base = rows[reference]
+    tests = {f"{label}\0{key}": paired_difference({r["seed"]: r.get(key) for r in runs}, {r["seed"]: r.get(key) for r in base})
+             for label, runs in rows.items() if label != reference for key in PAIRED_KEYS}
+    return {tuple(name.split("\0")): d for name, d in holm_corrected(tests).items()}  # type: ignore[misc]
 
 
 def per_node_test_note(rows: Mapping[str, list[dict[str, Any]]]) -> str | None:
@@ -275,6 +282,7 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
     if show_certified:
         head += ["nodes certified gaining", "nodes certified gaining aggregated"]
     show_paired = reference is not None and reference in rows and len(rows) > 1
+    paired = paired_table(rows, reference) if show_paired else {}  # type: ignore[arg-type]
     if show_paired:
         head += [f"Δ vs {reference}", f"Δ aggregated vs {reference}"]
     # Every run has control messages before round 1 (a few hundred bytes per node); a column that
@@ -301,8 +309,8 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
                 counts = [r[key] for r in runs if r.get(key) is not None]
                 cells.append(f"{statistics.fmean(counts):.1f} of {runs[0].get('nodes')}" if counts else "-")
         if show_paired:
-            for key in ("final", "final_aggregated"):
-                cells.append("-" if label == reference else paired_cells(runs, rows[reference], key))
+            for key in PAIRED_KEYS:
+                cells.append("-" if label == reference else paired[(label, key)].cell())
         cells.append(f"{statistics.fmean(r['total_bytes'] for r in runs) / 2**20:.1f}")
         if show_setup:
             cells.append(f"{statistics.fmean(r.get('setup_bytes') or 0 for r in runs) / 2**20:.1f}")
@@ -327,8 +335,9 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
     if show_paired:
         lines.append("")
         lines.append(f"*Δ vs {reference}*: the paired difference over seeds of the mean accuracy (this row − "
-                     f"`{reference}`, same seed), in points, with its 95 % t interval and the paired t test's p; "
-                     f"*higher*/*lower* only where p < {LEVEL} over at least {MIN_SEEDS} seeds, else *level*.")
+                     f"`{reference}`, same seed), in points, with its 95 % t interval, the paired t test's p and "
+                     f"its value after Holm's correction over the table's {len(paired)} tests; *higher*/*lower* "
+                     f"only where the corrected p < {LEVEL} over at least {MIN_SEEDS} seeds, else *level*.")
     note = per_node_test_note(rows)
     if note:
         lines.append("")

@@ -176,7 +176,11 @@ class RuntimeSpec:
         if not self.buffered_mb >= self.message_limit_mb:
             raise ConfigError("runtime.buffered_mb", f"must be >= runtime.message_limit_mb ({self.message_limit_mb}), "
                                                      f"or no message of the largest size could be read; got {self.buffered_mb}")
-        for name in ("max_weight_ratio", "max_norm_ratio"):
+        if not (self.max_weight_ratio == 0 or 1 <= self.max_weight_ratio < float("inf")):
+            raise ConfigError("runtime.max_weight_ratio", "must be 0 (no cap: averages by sample count as printed) or a "
+                                                          "finite number >= 1 (a bound on a peer's n_train relative to "
+                                                          f"this node's own), got {self.max_weight_ratio}")
+        for name in ("max_norm_ratio",):
             if not getattr(self, name) >= 1:
                 raise ConfigError(f"runtime.{name}", f"must be >= 1 (a bound on a peer's claim relative to this "
                                                      f"node's own), got {getattr(self, name)}")
@@ -204,7 +208,10 @@ class RuntimeSpec:
 
 # Runtime fields added after runs were published: at their defaults they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
-RUNTIME_ADDED = ("max_weight_ratio", "max_norm_ratio", "buffered_mb", "transport", "checkpoint_every")
+RUNTIME_ADDED = ("max_norm_ratio", "buffered_mb", "transport", "checkpoint_every")
+# Added after runs were published and changes what honest runs compute, so always stored: a stored
+# run without it cannot say whether its peers' sizes were capped, and `--reuse` refuses it.
+RUNTIME_RECORDED = ("max_weight_ratio",)
 
 
 @dataclass(frozen=True)
@@ -269,12 +276,19 @@ def scenario_differences(stored: Mapping[str, Any], scenario: Scenario) -> list[
     """Dotted fields in which a stored resolved scenario (a run's `scenario.json` or results'
     `scenario`) differs from `scenario`; empty when the run was made from this scenario."""
     stored = stored_as_made(stored)
+    unrecorded = [f"runtime.{key} (not recorded: made before it was stored)" for key in RUNTIME_RECORDED
+                  if isinstance(stored.get("runtime"), Mapping) and key not in stored["runtime"]]
+
     def walk(a: Any, b: Any, prefix: str) -> list[str]:
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             return [f for key in sorted(set(a) | set(b)) for f in walk(a.get(key), b.get(key), f"{prefix}{key}.")]
         return [] if a == b else [prefix.rstrip(".")]
 
-    return walk(stored, json.loads(json.dumps(scenario.to_dict())), "")
+    here = json.loads(json.dumps(scenario.to_dict()))
+    for key in RUNTIME_RECORDED:
+        if isinstance(stored.get("runtime"), dict) and key not in stored["runtime"]:
+            stored["runtime"][key] = here["runtime"][key]
+    return unrecorded + walk(stored, here, "")
 
 
 def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> Scenario:

@@ -334,3 +334,27 @@ def test_one_registration_splits_the_parameters_between_the_halves() -> None:
         build_strategy("ga", {"fair_metric": "f1"})  # a coordinator parameter, checked when the scenario loads
     with pytest.raises(ConfigError, match="no coordinator half"):
         build_coordinator_half("fedavg", {}, env())
+
+
+def _stats_only(node: str, xi: float | None, phi: float = 1.0) -> Submission:
+    model = cnn(1, 8, CLASSES)
+    return Submission(node, {k: v.detach().clone() for k, v in model.state_dict().items()},
+                      {"xi": xi, "phi": phi, "n_train": 100})
+
+
+@pytest.mark.parametrize("mapping", ["ratio", "shift", "rank", "softmax"])
+@pytest.mark.parametrize("dia", [False, True])
+def test_a_node_without_xi_gets_the_smallest_share(mapping: str, dia: bool) -> None:
+    """The issue's example: ξ = [missing, −0.15, −0.30]. Imputing min(ξ) gave the missing node the
+    largest share under the ratio (DIC alone [0.4, 0.2, 0.4]); it must get the smallest under every
+    mapping, and 0 of the ξ term."""
+    subs = [_stats_only("silent", None), _stats_only("a", -0.15), _stats_only("b", -0.30)]
+    update = DIHalf(env(), dia=dia, xi_mapping=mapping).aggregate(1, subs)
+    w = weights(update)
+    assert w["silent"] <= min(w["a"], w["b"]) and w["silent"] < max(w["a"], w["b"])  # "shift" gives b 0 too
+    assert update.info["imputed"]["xi"] == ["silent"]
+    if not dia:  # DIC alone: ω is ξ' itself
+        assert w["silent"] == 0.0
+        assert [w["a"], w["b"]] == pytest.approx(influence_distribution([-0.15, -0.30], mapping).tolist())
+    if mapping == "ratio" and not dia:
+        assert [w["a"], w["b"]] == pytest.approx([1 / 3, 2 / 3])  # the most negative ξ weighs most, as printed

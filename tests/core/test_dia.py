@@ -184,3 +184,12 @@ def test_ga_step_decays_linearly() -> None:
 def test_generalization_gap_signs() -> None:
     assert generalization_gap(2.0, 0.5, "loss") == 1.5  # global has the higher loss
     assert generalization_gap(0.6, 0.9, "acc") == pytest.approx(0.3)  # global has the lower accuracy
+
+
+def test_influence_shares_give_a_missing_xi_nothing() -> None:
+    from p2pfl.core.dia import influence_shares
+
+    np.testing.assert_allclose(influence_shares([None, -0.15, -0.30]), [0.0, 1 / 3, 2 / 3])
+    np.testing.assert_allclose(influence_shares([None, None]), [0.5, 0.5])
+    with pytest.raises(ValueError):
+        influence_shares([None, math.nan, 1.0])

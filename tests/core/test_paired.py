@@ -76,3 +76,45 @@ def test_holm_is_stricter_than_each_test_alone() -> None:
     assert [adjusted[k][0] for k in "abc"] == [pytest.approx(0.03), pytest.approx(0.04), pytest.approx(0.04)]
     assert all(adjusted[k][1] for k in "abc")
     assert holm({"a": 0.03, "b": 0.04})["a"] == (pytest.approx(0.06), False)
+
+
+def test_holm_corrected_takes_the_verdict_from_the_adjusted_p() -> None:
+    """Hand-worked: raw p 0.03 and 0.04 are each significant alone; Holm over the two gives
+    2 x 0.03 = 0.06 and max(0.06, 0.04) = 0.06, so neither claim holds."""
+    from p2pfl.core.paired import PairedDifference, holm_corrected
+
+    seeds = tuple(range(5))
+    tests = {"a": PairedDifference(seeds, 0.02, 0.001, 0.04, 0.03, "higher"),
+             "b": PairedDifference(seeds, -0.01, -0.02, -0.001, 0.04, "lower"),
+             "few": PairedDifference((0,), 0.5, math.nan, math.nan, math.nan, "level")}
+    out = holm_corrected(tests)
+    assert out["a"].p_holm == pytest.approx(0.06) and out["b"].p_holm == pytest.approx(0.06)
+    assert out["a"].verdict == out["b"].verdict == "level"
+    assert out["a"].p_value == 0.03  # the raw p stays, beside the corrected one
+    assert "p=0.03 (Holm 0.06) level" in out["a"].cell()
+    assert out["few"] == tests["few"]  # no p: not in the family
+    strong = holm_corrected({"a": tests["a"], "c": PairedDifference(seeds, 0.05, 0.04, 0.06, 0.001, "higher")})
+    assert strong["c"].p_holm == pytest.approx(0.002) and strong["c"].verdict == "higher"
+    assert strong["a"].p_holm == pytest.approx(0.03) and strong["a"].verdict == "higher"
+
+
+def test_compare_table_corrects_over_every_cell() -> None:
+    from p2pfl.core.paired import holm, paired_difference
+    from p2pfl.scenario.compare import paired_table
+
+    def run(seed: int, final: float, aggregated: float) -> dict:
+        return {"seed": seed, "final": final, "final_aggregated": aggregated}
+
+    noise = [0.001, -0.002, 0.0015, -0.001, 0.0005]
+    rows = {"local": [run(s, 0.5, 0.5) for s in range(5)],
+            "fedavg": [run(s, 0.51 + noise[s], 0.5 + noise[s]) for s in range(5)],
+            "pfedsv": [run(s, 0.503 + 3 * noise[s], 0.49 - noise[s]) for s in range(5)]}
+    table = paired_table(rows, "local")
+    assert set(table) == {(r, k) for r in ("fedavg", "pfedsv") for k in ("final", "final_aggregated")}
+    raw = {f"{r}/{k}": paired_difference({x["seed"]: x[k] for x in rows[r]}, {x["seed"]: x[k] for x in rows["local"]}).p_value
+           for r, k in table}
+    expected = holm(raw)
+    for (r, k), d in table.items():
+        assert d.p_value == pytest.approx(raw[f"{r}/{k}"])
+        assert d.p_holm == pytest.approx(expected[f"{r}/{k}"][0])
+        assert (d.verdict != "level") == expected[f"{r}/{k}"][1]

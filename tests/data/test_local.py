@@ -263,3 +263,41 @@ def test_missing_folder_is_a_clear_config_error(tmp_path, dataset):
     with pytest.raises(ConfigError, match="not a folder") as info:
         prepare(DataSpec(dataset=dataset, path=str(tmp_path / "file")))
     assert info.value.field == "data.path"
+
+
+# ---------------------------------------------------------------------------- fashion_mnist
+def test_fashion_mnist_reads_a_named_folder_and_partitions_it(tmp_path: Path) -> None:
+    from p2pfl.data import load_fashion_mnist
+
+    write_idx_set(tmp_path / "fm", "train", *tiny_mnist(60, 1), gz=True)
+    write_idx_set(tmp_path / "fm", "t10k", *tiny_mnist(20, 2), gz=True)
+    x, y, k = load_fashion_mnist(tmp_path / "fm")
+    assert x.shape == (80, 1, 28, 28) and k == 10 and sorted(set(y.tolist())) == list(range(10))
+    spec = DataSpec.from_dict({"dataset": "fashion_mnist", "path": str(tmp_path / "fm"), "partition": "pathological",
+                               "classes_per_node": 2})
+    part = build_partition(spec, 5, seed=0)
+    assert sum(len(n.train.y) + len(n.val.y) + len(n.test.y) for n in part.nodes) == 80
+    assert all(len(set(n.train.y.tolist())) <= 2 for n in part.nodes)
+
+
+def test_fashion_mnist_without_its_files_says_how_to_get_them(tmp_path: Path) -> None:
+    from p2pfl.data import load_fashion_mnist
+
+    write_idx_set(tmp_path / "half", "train", *tiny_mnist(10, 1), gz=False)  # no t10k: not all 70,000
+    with pytest.raises(ConfigError, match="t10k-images, t10k-labels.*apt-get install dataset-fashion-mnist") as info:
+        load_fashion_mnist(tmp_path / "half")
+    assert info.value.field == "data.path"
+    with pytest.raises(ConfigError, match="apt-get install dataset-fashion-mnist"):
+        load_fashion_mnist(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="data.dataset"):
+        DataSpec.from_dict({"dataset": "fashion-mnist"})
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+                    reason="Debian's dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+def test_fashion_mnist_from_debians_package_is_all_70000_images() -> None:
+    from p2pfl.data import load_fashion_mnist
+
+    x, y, k = load_fashion_mnist(None)
+    assert x.shape == (70_000, 1, 28, 28) and x.dtype == np.uint8 and k == 10
+    assert np.bincount(y).tolist() == [7000] * 10

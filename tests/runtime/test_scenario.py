@@ -377,3 +377,38 @@ def test_a_mistyped_field_gets_the_close_match(tmp_path):
     with pytest.raises(ConfigError) as info:
         scenario_from_dict({"zzz": 1})
     assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("stored_ratio", [4.0, 0.0, None])
+def test_compare_reuse_refuses_a_run_made_with_another_max_weight_ratio(tmp_path, stored_ratio):
+    """runtime.max_weight_ratio changes what FedAvg computes where sizes differ: a stored run made
+    with another value, or one that predates its being recorded (it cannot say), is not taken."""
+    import json
+
+    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    path.write_text(path.read_text() + "\n[runtime]\nmax_weight_ratio = 0\n" if "[runtime]" not in path.read_text()
+                    else path.read_text().replace("[runtime]", "[runtime]\nmax_weight_ratio = 0", 1))
+    rows = parse_algorithms("local")
+    raw = row_raw(read_raw(path), rows[0])
+    raw["seed"] = 0
+    stored = scenario_from_dict(raw).to_dict()
+    assert stored["runtime"]["max_weight_ratio"] == 0  # always recorded, at its default too
+    if stored_ratio is None:
+        del stored["runtime"]["max_weight_ratio"]
+    else:
+        stored["runtime"]["max_weight_ratio"] = stored_ratio
+    run = compare_run(tmp_path / "cmp", rows[0].label, 0)
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({
+        "scenario": stored, "nodes": [{"id": "node-0", "rounds": [], "final_test_acc": 0.5}],
+        "summary": {"mean_acc": 0.5, "mean_acc_aggregated": 0.5, "total_bytes": 0, "wall_s": 1.0, "nodes_failed": 0}}))
+    if stored_ratio == 0.0:
+        assert run_compare(path, rows, [0], tmp_path / "cmp", reuse=True, progress=False) == 0
+        return
+    with pytest.raises(ConfigError, match="runtime.max_weight_ratio") as info:
+        run_compare(path, rows, [0], tmp_path / "cmp", reuse=True, progress=False)
+    assert info.value.field == "--reuse"
+    if stored_ratio is None:
+        assert "not recorded" in str(info.value)
