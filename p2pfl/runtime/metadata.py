@@ -95,8 +95,14 @@ def check_meta(meta: Mapping[str, Any], schema: Schema) -> None:
 
 MAX_SAMPLES = 10**9
 FINITE = 1e12  # bound on losses and statistics: far above any real value, far below float overflow
-#: Every model part a node publishes: the runtime adds `n_train`, which FedAvg-style weights read.
-MODEL_META: dict[str, MetaField] = {"n_train": MetaField("int", 1, MAX_SAMPLES, required=True)}
+MAX_NEWS = 256  # membership news one frame carries (p2pfl.runtime.node.neighbours)
+MAX_ROUND = 10**9
+#: Every model part a node publishes: the runtime adds `n_train`, which FedAvg-style weights read,
+#: and the membership news it passes on (member -> +r: joined in round r, -r: left before round r).
+MODEL_META: dict[str, MetaField] = {
+    "n_train": MetaField("int", 1, MAX_SAMPLES, required=True),
+    "members": MetaField("map", max_length=MAX_NEWS, values=MetaField("int", -MAX_ROUND, MAX_ROUND)),
+}
 #: The coordinator's global model: the weights it aggregated with (nodes record their own).
 GLOBAL_META: dict[str, MetaField] = {
     "weights": MetaField("map", max_length=100_000, values=MetaField("float", -FINITE, FINITE)),

@@ -94,13 +94,22 @@ class SetupExchange(Protocol):
     """Messages before round 1, for `Strategy.setup` (blocking calls, made from its worker thread).
 
     Setup parts are named "setup.<name>" and versioned by setup `step` (1, 2, ...), apart from
-    the rounds. A fetch of step s waits for the peer's (or the coordinator's) step >= s."""
+    the rounds. A fetch of step s waits for the peer's (or the coordinator's) step >= s.
+
+    `late`: this node arrives after round 1 (a joiner), when the coordinator's setup is over and
+    its fetches wait `fetch_timeout_s`, not `setup_wait_s`; `joiners`: the run brings nodes in
+    later, so what a joiner needs from its peers' setup should be served to it."""
+
+    late: bool
+    joiners: bool
 
     def publish(self, step: int, parts: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None: ...
 
     def push(self, step: int, pushes: Sequence["Push"]) -> None: ...
 
     def fetch(self, step: int, fetches: Sequence["Fetch"]) -> list["PeerModel"]: ...
+
+    def first(self, step: int, part: str, peers: Sequence[str]) -> "PeerModel | None": ...
 
 
 @dataclass
@@ -154,6 +163,9 @@ class Strategy:
     # Parameters that name an earlier run's results.json ("{seed}" stands for the run's seed): the
     # scenario layer reads each and hands the strategy a `RunResults`, so no algorithm reads files.
     reads_runs: ClassVar[tuple[str, ...]] = ()
+    # True: a node that arrives after round 1 can run `setup` from its peers (`ctx.exchange.late`),
+    # the coordinator's setup exchange being over by then; False refuses churn with such a coordinator.
+    setup_for_joiners: ClassVar[bool] = False
 
     @property
     def needs_coordinator(self) -> bool:

@@ -357,10 +357,11 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     if runtime.participation < 1 and global_step:
         raise ConfigError("runtime.participation", f"{algo_name} has a coordinator, which waits for every node; "
                                                    "partial participation needs a serverless algorithm")
-    if churn.active and getattr(strategy.coordinator, "setup_kind", None) is not None:
-        raise ConfigError("churn", f"{algo_name}'s coordinator holds a setup exchange before round 1, which has no "
-                                   "place for a node that comes later yet; churn runs with serverless algorithms and "
-                                   "with coordinators that only aggregate rounds (di, ga, fedavg_global)")
+    if (churn.active and getattr(strategy.coordinator, "setup_kind", None) is not None
+            and not getattr(strategy, "setup_for_joiners", False)):
+        raise ConfigError("churn", f"{algo_name}'s coordinator holds a setup exchange before round 1 that a node "
+                                   "coming later cannot take part in, and the strategy cannot set a joiner up from "
+                                   "its peers (Strategy.setup_for_joiners)")
     return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,
                     churn, raw=dict(raw))
 

@@ -93,3 +93,48 @@ def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from
     submitted = {r["round"]: r["submitted"] for r in coord["rounds"]}
     assert submitted[1] == ["node-0", "node-1", "node-2"] and submitted[2] == ["node-0", "node-2"]
     assert submitted[3] == ["node-0", "node-2", "node-3"] and submitted[5] == ["node-0", "node-1", "node-2", "node-3"]
+
+
+def test_a_client2vec_joiner_gets_its_index_before_its_first_round(tmp_path: Path) -> None:
+    """Client2Vec's GLOBAL strategy under churn: the coordinator trains DSA-IGN on the batches of the
+    nodes there at the start (not waiting for the one that joins in round 2); the joiner takes the
+    same DSA-IGN from a neighbour, builds its own index with it and has its peers' indices before
+    its first round, each equal to the index that peer built."""
+    from p2pfl.algorithms.client2vec.index import IndexBuilding
+
+    from .test_client2vec_run import SCENARIO
+
+    path = tmp_path / "c2v.toml"
+    path.write_text(SCENARIO.format(extra=""))
+    nodes, coordinator = build_in_process(path, tmp_path / "run", ("rounds=3", "churn.join=[{node = 3, round = 2}]"))
+    dsa_ign: dict[str, dict[str, torch.Tensor]] = {}
+    built = IndexBuilding.global_dsa_ign
+
+    def capturing(self, ctx, d, lab):  # type: ignore[no-untyped-def]
+        model = built(self, ctx, d, lab)
+        dsa_ign[ctx.node_id] = {k: v.clone() for k, v in model.state_dict().items()}
+        return model
+
+    at_first_round: dict[str, dict] = {}
+    run = Round.run
+
+    async def looking(self: Round):  # type: ignore[no-untyped-def]
+        node = self.kit.ctx.node_id
+        at_first_round.setdefault(node, {peer: index.full.clone() for peer, index in self.kit.parts.strategy.indices.items()})
+        return await run(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(IndexBuilding, "global_dsa_ign", capturing)
+        patch.setattr(Round, "run", looking)
+        results, coord, _ = run_in_process(nodes, coordinator)
+    by_id = {r["id"]: r for r in results}
+    assert coord is not None and coord["setup"]["submitted"] == ["node-0", "node-1", "node-2"]
+    assert all(r["status"] == "ok" for r in results), [(r["id"], r["status"], r["error"]) for r in results]
+    assert [r["round"] for r in by_id["node-3"]["rounds"]] == [2, 3]
+    reference = dsa_ign["node-0"]
+    for node in ("node-1", "node-2", "node-3"):  # one DSA-IGN: the joiner's is the coordinator's too
+        assert all(torch.equal(dsa_ign[node][k], reference[k]) for k in reference)
+    joiner = at_first_round["node-3"]
+    assert set(joiner) == {"node-0", "node-1", "node-2", "node-3"}
+    for peer in ("node-0", "node-1", "node-2"):
+        assert torch.allclose(joiner[peer], at_first_round[peer][peer])

@@ -174,8 +174,17 @@ def test_claim_bounds_are_scenario_fields_with_clear_errors(tmp_path: Path) -> N
     from p2pfl.errors import ConfigError
     from p2pfl.scenario.schema import scenario_from_dict
 
-    with pytest.raises(ConfigError, match="runtime.max_weight_ratio: must be >= 1"):
+    with pytest.raises(ConfigError, match=r"runtime.max_weight_ratio: must be 0 \(no cap.*or a finite number >= 1"):
         scenario_from_dict({"runtime": {"max_weight_ratio": 0.5}})
+    assert scenario_from_dict({"runtime": {"max_weight_ratio": 0}}).to_dict()["runtime"]["max_weight_ratio"] == 0
+    assert scenario_from_dict({}).to_dict()["runtime"]["max_weight_ratio"] == 4.0  # recorded at its default too
     assert "max_norm_ratio" not in scenario_from_dict({}).to_dict()["runtime"]  # old run folders still match
     assert scenario_from_dict({"runtime": {"max_norm_ratio": 50.0}}).to_dict()["runtime"]["max_norm_ratio"] == 50.0
     assert np.isfinite(scenario_from_dict({}).runtime.max_norm_ratio)
+
+
+def test_a_weight_ratio_of_zero_caps_nothing() -> None:
+    from p2pfl.runtime.peer_claims import capped_size, capped_sizes
+
+    assert capped_size(10**6, 100, 0) == 10**6 and capped_size(10**6, 100, 4.0) == 400
+    assert capped_sizes([10, 100, 10**5], 0) == [10, 100, 10**5]

@@ -76,6 +76,7 @@ class Client2Vec(IndexBuilding, Strategy):
     coordinator = Client2VecHalf
     shared_parts = ("full",)
     reads_runs = ("indices_from",)
+    setup_for_joiners = True  # a joiner takes the DSA-IGN from a neighbour (IndexBuilding.global_dsa_ign)
 
     def __init__(
         self,

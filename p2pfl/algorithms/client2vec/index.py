@@ -169,18 +169,7 @@ class IndexBuilding:
             own = client_index(model, d, lab, self.feature_mean)
             index_step = self.index_rounds + 1
         else:
-            rows = torch.as_tensor(upload_rows(len(d), ctx.rng))
-            ctx.log(f"{ctx.node_id}: sending {BATCH} image embeddings with their labels to the coordinator "
-                    "(Client2Vec's global strategy; they are derived from the node's data)")
-            ctx.exchange.push(1, [Push(COORDINATOR_ID, kind="batch", part="batch",
-                                       tensors={"d": d[rows].contiguous(), "l": lab[rows].contiguous()},
-                                       meta={"n_train": len(ctx.data.train)})])
-            replies = ctx.exchange.fetch(1, [Fetch(COORDINATOR_ID, "dsa_ign")])
-            if not replies:
-                raise RuntimeError("no DSA-IGN from the coordinator within runtime.setup_wait_s")
-            model = DSAIGN(self.config)
-            model.load_state_dict(replies[0].tensors)
-            own = client_index(model.cpu(), d, lab, self.feature_mean)
+            own = client_index(self.global_dsa_ign(ctx, d, lab), d, lab, self.feature_mean)
         self.indices = {ctx.node_id: own}
         self.n_train = {ctx.node_id: len(ctx.data.train)}
         ctx.exchange.publish(index_step, {"index": {"feature": own.feature.float(), "label": own.label.float()}}, {})
@@ -195,6 +184,38 @@ class IndexBuilding:
             "index": own.full.tolist(), "feature_index": own.feature.tolist(),
             "seconds": time.perf_counter() - t0, "peers_without_index": missing,
         })
+
+    def global_dsa_ign(self, ctx: RoundContext, d: torch.Tensor, lab: torch.Tensor) -> DSAIGN:
+        """The GLOBAL strategy's DSA-IGN: the coordinator's, trained on every node's batch. A node
+        that joins after round 1 finds that setup over; it takes the DSA-IGN from the first
+        neighbour that serves it (each node serves what it got when the run brings joiners) and
+        builds its own index with it, before its first round. Its batch trains nothing."""
+        exchange = ctx.exchange
+        assert exchange is not None
+        if exchange.late:
+            served = exchange.first(1, "dsa_ign", list(ctx.peers))
+            if served is None:
+                raise RuntimeError(f"no neighbour of {sorted(ctx.peers)} served Client2Vec's DSA-IGN within "
+                                   "runtime.setup_wait_s: nodes serve it to joiners only when the scenario's [churn] "
+                                   "schedules joins")
+            state = served.tensors
+            ctx.log(f"{ctx.node_id}: joined after round 1; index built with {served.sender}'s copy of the DSA-IGN")
+        else:
+            rows = torch.as_tensor(upload_rows(len(d), ctx.rng))
+            ctx.log(f"{ctx.node_id}: sending {BATCH} image embeddings with their labels to the coordinator "
+                    "(Client2Vec's global strategy; they are derived from the node's data)")
+            exchange.push(1, [Push(COORDINATOR_ID, kind="batch", part="batch",
+                                   tensors={"d": d[rows].contiguous(), "l": lab[rows].contiguous()},
+                                   meta={"n_train": len(ctx.data.train)})])
+            replies = exchange.fetch(1, [Fetch(COORDINATOR_ID, "dsa_ign")])
+            if not replies:
+                raise RuntimeError("no DSA-IGN from the coordinator within runtime.setup_wait_s")
+            state = replies[0].tensors
+        model = DSAIGN(self.config)
+        model.load_state_dict({k: v.cpu() for k, v in state.items()})
+        if exchange.joiners:
+            exchange.publish(1, {"dsa_ign": model.state_dict()}, {})
+        return model.cpu()
 
     def adopt(self, ctx: RoundContext, reused: "ReusedIndices") -> None:
         """Take every node's index from an earlier run (`indices_from`) instead of building them.

@@ -9,7 +9,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,8 +34,17 @@ class Exchange:
 
     async def publish(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         """Serve `parts` (host snapshots) as this node's version `round_`, with the strategy's metadata."""
+        await self.transport.publish(round_, round_, parts, self.round_meta(round_))
+
+    def round_meta(self, round_: int) -> dict[str, Any]:
+        """What a round's parts carry besides tensors: `n_train`, the strategy's metadata, and the
+        membership news this node passes on (absent without news: a run without churn sends the
+        bytes it always did)."""
         meta = {"n_train": self.intake.n_train, **self.strategy.shared_meta(self.ctx)}
-        await self.transport.publish(round_, round_, parts, meta)
+        news = self.neighbours.news_for(round_)
+        if news:
+            meta["members"] = news
+        return meta
 
     async def republish(self, round_: int) -> None:
         """Serve the model as it is now (a restored one), so peers that accept stale parts need not wait a round."""
@@ -125,17 +134,19 @@ class Exchange:
                                  round_)
         return [r for r in results if r is not None]
 
-    async def run_setup(self, counter: Any, artefacts: ArtefactSink) -> tuple[bool, dict[str, Any] | None]:
+    async def run_setup(self, counter: Any, artefacts: ArtefactSink, *, late: bool = False,
+                        joiners: bool = False) -> tuple[bool, dict[str, Any] | None]:
         """`Strategy.setup` with the setup exchange open; its bytes and records are round 0's.
         Returns whether it ran (the base class's is a no-op) and what the run keeps of it (None:
-        it exchanged and recorded nothing)."""
+        it exchanged and recorded nothing). `late`, `joiners`: `SetupExchange`'s."""
         t0 = time.perf_counter()
         counter.begin_round(0)
         artefacts.begin_round(0)
         if not overrides(self.strategy, Strategy, "setup"):  # no thread for nothing (a worker starts hundreds of nodes)
             return False, None
         loop = asyncio.get_running_loop()
-        self.ctx.exchange = SetupExchange(self, loop)
+        self.ctx.exchange = SetupExchange(self, loop, late=late, joiners=joiners)
+        self.ctx.peers = self.neighbours.present(self.ctx.round + 1)  # not a neighbour that joins later: none to wait for
         # A thread of its own: setup blocks on exchanges that need the loop's default executor
         # (encoding), which nodes sharing a process would otherwise fill with waiting setups.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{self.ctx.node_id}-setup") as pool:
@@ -153,8 +164,11 @@ class SetupExchange:
     """`p2pfl.runtime.strategy.SetupExchange` over an `Exchange`: blocking calls from the strategy's
     worker thread, run on the node's event loop."""
 
-    def __init__(self, exchange: Exchange, loop: asyncio.AbstractEventLoop) -> None:
-        self.exchange, self.loop = exchange, loop
+    def __init__(self, exchange: Exchange, loop: asyncio.AbstractEventLoop, *, late: bool = False,
+                 joiners: bool = False) -> None:
+        self.exchange, self.loop, self.late, self.joiners = exchange, loop, late, joiners
+        settings = exchange.settings
+        self.wait = settings.fetch_timeout_s if late else settings.setup_wait_s
 
     def _run(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
@@ -180,4 +194,22 @@ class SetupExchange:
     def fetch(self, step: int, fetches: Any) -> list[PeerModel]:
         """Waits up to setup_wait_s: a step may need many earlier ones (other nodes' training) first."""
         named = [Fetch(f.peer, setup_part(f.part)) for f in fetches]
-        return self._run(self.exchange.gather(named, step, RoundChecks(0), wait=self.exchange.settings.setup_wait_s))
+        return self._run(self.exchange.gather(named, step, RoundChecks(0), wait=self.wait))
+
+    def first(self, step: int, part: str, peers: Sequence[str]) -> PeerModel | None:
+        """The first of `peers` to serve `part` at `step` or later, within setup_wait_s (None: none did)."""
+        async def first_answer() -> PeerModel | None:
+            transport, wait = self.exchange.transport, self.exchange.settings.setup_wait_s
+            pending = {asyncio.ensure_future(transport.fetch(p, setup_part(part), step, wait)) for p in peers}
+            try:
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for message in (t.result() for t in done):
+                        if message is not None:
+                            return self.exchange.intake.peer_model(message, RoundChecks(0))
+                return None
+            finally:
+                for task in pending:
+                    task.cancel()
+
+        return self._run(first_answer())

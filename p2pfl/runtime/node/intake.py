@@ -103,6 +103,8 @@ class Intake:
             check_magnitude(h.sender, h.part, tensors, checks.own_norms[h.part], settings.max_norm_ratio, flat)
             if bounded:
                 tensors = self.bounded(h.sender, h.part, tensors, checks, flat)
+            if h.sender != COORDINATOR_ID:
+                self.neighbours.hear(h.sender, meta.pop("members", None), checks.round)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
                 self.neighbours.declared_sizes.check(h.sender, int(meta["n_train"]))
                 meta["n_train"] = capped_size(meta["n_train"], self.n_train, settings.max_weight_ratio)

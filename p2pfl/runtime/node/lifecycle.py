@@ -136,8 +136,9 @@ class Node:
         if self.settings.participation < 1:  # else it never sits a round out
             self.scorer.last = self.scorer.model_scores()
 
-    async def _set_up(self) -> None:
-        ran, self.state.setup_record = await self.exchange.run_setup(self.parts.counter, self.kit.artefacts)
+    async def _set_up(self, late: bool) -> None:
+        ran, self.state.setup_record = await self.exchange.run_setup(
+            self.parts.counter, self.kit.artefacts, late=late, joiners=bool(self.parts.joins_late) or late)
         if ran:
             self.scorer.last = None  # setup may have changed the model
         self.stage = Stage.SET_UP
@@ -216,7 +217,7 @@ class Node:
                 first = await self.membership.rejoin(first - 1)
                 self._skip_draws(self.ctx.round + 1, first)
             if self.stage < Stage.SET_UP:  # else restored from a checkpoint taken after it
-                await self._set_up()
+                await self._set_up(late)
             status = await self._rounds(first, started)
             if status == "budget_exhausted":
                 goodbye = f"privacy budget exhausted before round {self.ctx.round + 1}"
@@ -238,7 +239,9 @@ class Node:
         elif status not in ("ok", "isolated", "degraded"):  # the last three ran every round: they serve the last ones
             # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
             await transport.withdraw()
-            await transport.say_goodbye(sorted(transport.peers), goodbye)
+            # Its neighbours and readers, and the coordinator; the others hear it as news from them.
+            told = self.neighbours.goodbye_targets(transport.readers())
+            await transport.say_goodbye(told + ([COORDINATOR_ID] if cfg.coordinator is not None else []), goodbye)
         else:
             await transport.linger(set(self.neighbours.asked), sc.linger_s)
         # Closed before the result is taken, so that every message the node answered (and

@@ -78,6 +78,7 @@ class Membership:
         if now < restored + 2:
             return restored + 1
         self.events.append({"round": now, "event": "restarted", "after_round": restored, "at": time.time()})
+        self.neighbours.announce(self.exchange.ctx.node_id, now)
         self.log.info("resumed after round %d; its neighbours are in round %d: rejoins there", restored, now)
         return now
 
@@ -113,6 +114,7 @@ class Membership:
     def _joined(self, first: int, source: str | None, version: int | None) -> int:
         """Record the join (`source`: whose model it started from, None: its own) and return `first`."""
         self.events.append({"round": first, "event": "joined", "from": source, "version": version, "at": time.time()})
+        self.neighbours.announce(self.exchange.ctx.node_id, first)  # passed on with its parts: news of a new member
         self.log.info("joined in round %d with %s's model (version %s)", first, source or "its own", version)
         return first
 
@@ -160,6 +162,7 @@ class Membership:
         await self.exchange.republish(last)
         self.state.restarts.append({"after_round": last, "at": time.time()})
         self.events.append({"round": back, "event": "restarted", "after_round": last, "at": time.time()})
+        self.neighbours.announce(self.exchange.ctx.node_id, back)
         return back, last
 
     async def arrive(self, script: NodeScript, by_hand: bool, started: float) -> int:

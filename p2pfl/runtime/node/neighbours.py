@@ -6,6 +6,13 @@ a neighbour that says goodbye, or stays silent in two gathers running, is replac
 drawn from the rest of the roster (who *may* be a member). A silent one is watched: probed each
 round, and taken back when it answers again (a restarted node), its stand-in let go.
 
+Membership spreads with the parts nodes already exchange: each published model part carries the
+news its node learned in the last `GOSSIP_ROUNDS` rounds (a member joined in round r, or left), at
+most `MAX_NEWS` entries, signed with the frame. News is a hint, never a verdict: a member reported
+gone is probed before it is waited for (a closed port or a 410 answers at once) and never drawn as
+a stand-in; a member reported joined is preferred as one. Only roster members are news (admission
+stays the roster's), and only a signed goodbye makes a peer departed.
+
 The strategy sees `ctx.peers`, `ctx.unreachable` and `ctx.departed`: the first is set from this
 table each round, the other two are this table's own sets.
 """
@@ -19,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from p2pfl.runtime.metadata import MAX_NEWS
 from p2pfl.runtime.participation import version_to_ask
 from p2pfl.runtime.peer_claims import DeclaredSizes
 from p2pfl.runtime.strategy import Fetch
 
 WARN_EVERY = 5  # rounds between two warnings about the same silent peer
+GOSSIP_ROUNDS = 3  # rounds a node passes on what it learned: a neighbour's neighbours hear it within them
 
 
 class Neighbours:
@@ -38,6 +47,9 @@ class Neighbours:
         self.watched: set[str] = set()       # replaced for its silence: probed each round, taken back when it answers
         self.stand_ins: dict[str, str] = {}  # replacement -> the neighbour it stands in for
         self.events: dict[int, dict[str, Any]] = {}  # round -> what changed in the table then
+        self.news: dict[str, tuple[int, int]] = {}  # member -> (+r joined in r / -r left before r, round learned)
+        self.heard_live: dict[str, int] = {}  # member -> the round news said it was live (joined, back)
+        self.reported_left: set[str] = set()  # news says it left: probed before waited for, never a stand-in
         self.declared_sizes = DeclaredSizes()
         self.seed = seed
         self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
@@ -56,6 +68,7 @@ class Neighbours:
         if peer in self.departed:
             return
         self.departed.add(peer)
+        self._learn(peer, -max(round_, 1), round_)
         self.unreachable.add(peer)
         self.watched.discard(peer)
         if peer in self.asked:
@@ -81,6 +94,7 @@ class Neighbours:
         self.watched.discard(peer)
         self.unreachable.discard(peer)
         self._note(round_, "returned", peer)
+        self.announce(peer, round_)
         stand_in = next((s for s, gone in self.stand_ins.items() if gone == peer and s in self.asked), None)
         asked = set(self.asked) | {peer}
         if stand_in is not None:
@@ -88,12 +102,51 @@ class Neighbours:
             del self.stand_ins[stand_in]
         self.asked = tuple(sorted(asked))
 
+    # ---- membership news ------------------------------------------------------------------
+    def announce(self, member: str, first_round: int) -> None:
+        """This node (or a member it saw come back) is live from `first_round`: news to pass on."""
+        self._learn(member, max(first_round, 1), first_round)
+
+    def news_for(self, round_: int) -> dict[str, int]:
+        """The news this node passes on with the parts it publishes in `round_`: what it learned in
+        the last GOSSIP_ROUNDS rounds, newest first, at most MAX_NEWS entries."""
+        recent = sorted(((learned, member, event) for member, (event, learned) in self.news.items()
+                         if round_ - learned < GOSSIP_ROUNDS), reverse=True)
+        return {member: event for _, member, event in recent[:MAX_NEWS]}
+
+    def hear(self, sender: str, news: Mapping[str, int] | None, round_: int) -> None:
+        """News in a verified part from `sender` (`MODEL_META`'s "members"), taken for roster
+        members only and passed on once: a join makes the member a preferred stand-in; a departure
+        is probed before the member is waited for again."""
+        for member, event in (news or {}).items():
+            if member not in self.members or member in self.departed or member == sender and event < 0:
+                continue
+            known = self.news.get(member)
+            if known is not None and (known[0] == event or known[0] < 0):  # heard already; gone is final
+                continue
+            self._learn(member, int(event), round_)
+            if event > 0:
+                self.heard_live[member] = round_
+                self.reported_left.discard(member)
+            else:
+                self.reported_left.add(member)
+                self.heard_live.pop(member, None)
+                if member in self.asked:
+                    self.unreachable.add(member)  # probed first: a closed port or a 410 answers at once
+                    self._note(round_, "reported_left", member)
+
+    def _learn(self, member: str, event: int, round_: int) -> None:
+        self.news[member] = (event, round_)
+
+    # ---- the table --------------------------------------------------------------------------
     def _replace(self, gone: str, round_: int) -> None:
         """`gone` is asked no more; a member drawn from the rest stands in for it, the same draw on
         every run with this seed (one stream per node, round and departed neighbour)."""
         asked = set(self.asked) - {gone}
-        excluded = asked | self.departed | self.unreachable | self.watched | {gone}
-        candidates = [m for m in self.members if m not in excluded and self._joined(m, round_ + 1)]
+        excluded = asked | self.departed | self.unreachable | self.watched | self.reported_left | {gone}
+        candidates = [m for m in self.members if m not in excluded and self.joined_by(m, round_ + 1)]
+        # Members news says are live first; without any, the roster's others (a closed port costs nothing).
+        candidates = [m for m in candidates if m in self.heard_live] or candidates
         if candidates and len(asked) < self.target:
             rng = np.random.default_rng([self.seed, round_, zlib.crc32(gone.encode())])
             chosen = candidates[int(rng.integers(len(candidates)))]
@@ -102,7 +155,11 @@ class Neighbours:
             self._note(round_, "replaced", gone, chosen)
         self.asked = tuple(sorted(asked))
 
-    def _joined(self, peer: str, round_: int) -> bool:
+    def present(self, round_: int) -> tuple[str, ...]:
+        """The neighbours asked that are members by `round_` (a later joiner is not there to ask yet)."""
+        return tuple(p for p in self.asked if self.joined_by(p, round_))
+
+    def joined_by(self, peer: str, round_: int) -> bool:
         rounds_in = self.peer_rounds.get(peer)
         return rounds_in is None or any(r <= round_ for r in rounds_in)
 
@@ -145,6 +202,10 @@ class Neighbours:
                     merged.setdefault(kind, []).extend(value)
         self.events.clear()
         return merged
+
+    def goodbye_targets(self, readers: Iterable[str]) -> list[str]:
+        """Whom a leaving node tells: those it asks and those that read it; the rest hear it from them."""
+        return sorted((set(self.asked) | set(readers)) - self.departed)
 
     def state_dict(self) -> dict[str, Any]:
         return {"declared_sizes": dict(self.declared_sizes.pinned)}

@@ -91,7 +91,7 @@ class Round:
             clock.switch("evaluate")
         epsilon = self._epsilon()
         clock.switch("publish")
-        meta = {"n_train": len(parts.data.train), **strategy.shared_meta(ctx)}
+        meta = exchange.round_meta(r)
         if strategy.shared_parts:
             shared = {p: host_snapshot(part_state(parts.model, p)) for p in strategy.shared_parts}
             if parts.attack is not None:

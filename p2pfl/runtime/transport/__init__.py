@@ -67,6 +67,9 @@ class Transport(Protocol):
         """Who reads this node's round parts (its neighbours), so that versions
         all of them have read past can go."""
 
+    def readers(self) -> set[str]:
+        """The peers that read, or are expected to read, this node's round parts."""
+
     async def sit_out(self, round_: int) -> None:
         """Answer `round_`'s reads at once with the last version: this node skips that round."""
 

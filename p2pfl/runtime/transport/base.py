@@ -136,6 +136,9 @@ class Carrier:
         version every one of them has read past is no longer held."""
         self.store.readers = frozenset(readers) - set(self.departed)
 
+    def readers(self) -> set[str]:
+        return set(self.store.readers_seen) - set(self.departed)
+
     async def sit_out(self, round_: int) -> None:
         await self.store.sit_out(round_)
 

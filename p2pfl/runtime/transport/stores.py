@@ -93,6 +93,11 @@ class PartStore:
         while len(self.recent) > 1 and self.recent[0].version < floor:
             self._recent_bytes -= published_bytes(self.recent.popleft())
 
+    @property
+    def readers_seen(self) -> frozenset[str]:
+        """Every peer that read this store's versions, expected or not (a neighbour's stand-in)."""
+        return frozenset(self._asked) | (self.readers or frozenset())
+
     def forget_reader(self, reader: str) -> None:
         self._asked.pop(reader, None)
         if self.readers is not None:

@@ -201,3 +201,28 @@ def test_a_strategy_that_shares_nothing_joins_and_comes_back_by_round_alone(tmp_
     assert [r["round"] for r in results[2]["rounds"]] == [3, 4] and results[2]["membership"][0]["from"] is None
     assert [r["round"] for r in results[1]["rounds"]][0] == 1 and results[1]["membership"][1]["event"] == "restarted"
     assert all(r["status"] == "ok" for r in results)
+
+
+def test_joins_and_departures_spread_as_news_beyond_the_neighbours_told(tmp_path: Path) -> None:
+    """A ring of six: node-5 joins in round 2 and node-2 leaves before round 5. node-2's goodbye
+    goes to its two neighbours only; the nodes further away hear of it with the parts they fetch,
+    as they heard of node-5, and the neighbours node-2 leaves take node-5, the member news says is
+    live, as their stand-in."""
+    ring = [[(i - 1) % 6, (i + 1) % 6] for i in range(6)]
+    scripts = [NodeScript()] * 6
+    scripts[5], scripts[2] = NodeScript(join=2), NodeScript(leave=5)
+    settings = dataclasses.replace(PATIENT, rounds=7)
+    nodes = code_nodes(tmp_path, 6, ring, settings=settings, scripts=scripts)
+    results = run_all(nodes)
+    assert results[2]["status"] == "left"
+    for far in (0, 4, 5):  # not node-2's neighbours: never told, they heard
+        assert "node-2" not in nodes[far].transport.departed
+        assert "node-2" in nodes[far].neighbours.reported_left, far
+    for near in (1, 3):
+        assert nodes[near].transport.departed.keys() == {"node-2"}  # told, signed
+        changes = [r["neighbours"] for r in results[near]["rounds"] if r.get("neighbours")]
+        assert changes[0]["replaced"] == {"node-2": "node-5"}  # the member heard to have joined
+        assert "node-5" in results[near]["rounds"][-1]["arrived"]
+    assert "node-5" in nodes[3].neighbours.heard_live  # two hops from the joiner
+    assert all(r["status"] == "ok" for i, r in enumerate(results) if i != 2)
+    assert_no_wait_paid(results)

@@ -71,3 +71,50 @@ def test_a_full_mesh_node_drops_a_departed_peer_without_a_stand_in() -> None:
     t.depart("node-3", 1)
     assert t.asked == ("node-1", "node-2")
     assert t.changes() == {"departed": ["node-3"]}
+
+
+# ---- membership news ---------------------------------------------------------------------------
+def test_news_is_passed_on_for_gossip_rounds_and_bounded() -> None:
+    from p2pfl.runtime.metadata import MAX_NEWS
+    from p2pfl.runtime.node.neighbours import GOSSIP_ROUNDS
+
+    t = table(["node-1", "node-2"])
+    t.depart("node-1", 3)
+    t.announce("node-0", 4)  # this node's own join (a node passes on its own news too)
+    assert t.news_for(4) == {"node-0": 4, "node-1": -3}
+    assert t.news_for(3 + GOSSIP_ROUNDS - 1) == {"node-0": 4, "node-1": -3}
+    assert t.news_for(3 + GOSSIP_ROUNDS) == {"node-0": 4}  # learned in round 3: passed on for GOSSIP_ROUNDS rounds
+    assert t.news_for(4 + GOSSIP_ROUNDS) == {}
+    many = Neighbours(["m-0"], members=[f"m-{i}" for i in range(MAX_NEWS + 50)], seed=0)
+    many.hear("m-0", {f"m-{i}": 2 for i in range(1, MAX_NEWS + 50)}, 2)
+    assert len(many.news_for(2)) == MAX_NEWS
+
+
+def test_a_departure_heard_as_news_is_probed_first_and_never_drawn_as_a_stand_in() -> None:
+    t = table(["node-1", "node-2"])
+    t.hear("node-2", {"node-1": -3, "node-5": -3}, 3)
+    assert {"node-1", "node-5"} <= t.reported_left
+    assert "node-1" in t.unreachable  # probed before it is waited for: no timeout
+    assert "node-1" not in t.departed  # hearsay: only a signed goodbye departs a peer
+    assert t.changes() == {"reported_left": ["node-1"]}
+    t.depart("node-2", 4)
+    [stand_in] = set(t.asked) - {"node-1"}
+    assert stand_in not in ("node-5", "node-1", "node-2")
+    assert t.news_for(4)["node-1"] == -3  # passed on
+
+
+def test_a_join_heard_as_news_makes_the_member_the_preferred_stand_in() -> None:
+    for seed in range(6):
+        t = Neighbours(["node-1", "node-2"], members=MEMBERS[1:], seed=seed)
+        t.hear("node-2", {"node-6": 3}, 3)
+        t.depart("node-1", 4)
+        assert set(t.asked) == {"node-2", "node-6"}  # the only member known live, every seed
+
+
+def test_news_from_outside_the_roster_or_a_member_reporting_itself_gone_is_ignored() -> None:
+    t = table(["node-1", "node-2"])
+    t.hear("node-2", {"intruder": 3, "node-2": -3}, 3)
+    assert t.news_for(3) == {} and not t.reported_left and "intruder" not in t.heard_live
+    t.depart("node-1", 3)
+    t.hear("node-2", {"node-1": 5}, 5)  # gone is final: a later "joined" of a departed member is stale news
+    assert "node-1" not in t.heard_live and t.news_for(5) == {"node-1": -3}
