@@ -2,7 +2,10 @@
 
 `aggregation = "median"` or `"trimmed_mean"` (with `trim`) replaces the weighted mean with a
 coordinate-wise robust aggregate of the own model and the peers' (`p2pfl.core.robust`), for runs
-where a peer may be poisoning; FedProx inherits the option.
+where a peer may be poisoning; `"krum"`, `"multi_krum"` (the `keep` best, 0: n − byzantine) and
+`"bulyan"` pick models by their distances, tolerating `byzantine` bad ones among the own model
+and the peers'; with fewer models than the rule needs the node keeps its own model that round.
+FedProx inherits the options.
 
 `staleness = a > 0` (ours, after FedAsync's polynomial weight, Xie et al. 2019) weighs a part
 that is τ rounds old (a straggler's, taken under `runtime.accept_stale`) by (1 + τ)^-a on top of
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from p2pfl.algorithms import register
 from p2pfl.core.influence import RunningWeightedMean
-from p2pfl.core.robust import ROBUST_RULES, robust_aggregate, trimmed_count
+from p2pfl.core.robust import ROBUST_RULES, SELECTION_RULES, models_needed, robust_aggregate, selection_aggregate, trimmed_count
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
 
@@ -27,10 +30,14 @@ class FedAvg(Strategy):
     shared_parts = ("full",)
     folds_arrivals = True
 
-    def __init__(self, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0) -> None:
+    def __init__(self, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1,
+                 keep: int = 0) -> None:
         if aggregation not in ("mean", *ROBUST_RULES):
             raise ValueError(f"aggregation must be one of {('mean', *ROBUST_RULES)}, got {aggregation!r}")
         trimmed_count(1, trim)  # the range check, before the first round
+        if int(byzantine) != byzantine or byzantine < 0 or int(keep) != keep or keep < 0:
+            raise ValueError(f"byzantine and keep must be integers >= 0, got {byzantine}, {keep}")
+        self.byzantine, self.keep = int(byzantine), int(keep)
         if not 0 <= staleness < float("inf"):
             raise ValueError(f"staleness must be a finite exponent >= 0 (0: off), got {staleness}")
         if staleness and aggregation != "mean":
@@ -57,8 +64,10 @@ class FedAvg(Strategy):
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
         if self.aggregation != "mean":
             models = [m for m in arrived if m.part == "full"]
-            if models:
-                states = [part_state(ctx.model, "full"), *(m.tensors for m in models)]
+            states = [part_state(ctx.model, "full"), *(m.tensors for m in models)]
+            if self.aggregation in SELECTION_RULES:
+                self._select(ctx, states, [ctx.node_id, *(m.sender for m in models)])
+            elif models:
                 load_part(ctx.model, robust_aggregate(states, self.aggregation, self.trim))
             ctx.artefacts.record("aggregated_from", [m.sender for m in models])
             return
@@ -70,6 +79,18 @@ class FedAvg(Strategy):
             self._mean = None  # a float64 copy of the model: not held between rounds
         self._mean = None
         ctx.artefacts.record("aggregated_from", [m.sender for m in arrived])
+
+
+    def _select(self, ctx: RoundContext, states: list, senders: list[str]) -> None:
+        """Krum, Multi-Krum or Bulyan over the own model and the peers'; the picked are recorded."""
+        if len(states) < models_needed(self.aggregation, self.byzantine):
+            ctx.artefacts.record("picked", {"too_few_models": len(states),
+                                            "needed": models_needed(self.aggregation, self.byzantine)})
+            return  # fewer than the rule is defined on: the own model stays
+        keep = min(self.keep, len(states) - self.byzantine) if self.keep else 0
+        merged, picked = selection_aggregate(states, self.aggregation, self.byzantine, keep)
+        load_part(ctx.model, merged)
+        ctx.artefacts.record("picked", [senders[i] for i in picked])
 
 
 def staleness_weight(tau: int, exponent: float) -> float:

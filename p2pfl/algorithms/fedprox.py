@@ -49,10 +49,11 @@ def proximal_term(mu: float, anchor: Mapping[str, torch.Tensor]) -> Callable[[nn
 class FedProx(FedAvg):
     name = "fedprox"
 
-    def __init__(self, mu: float = 0.01, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0) -> None:
+    def __init__(self, mu: float = 0.01, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0,
+                 byzantine: int = 1, keep: int = 0) -> None:
         if not (mu >= 0 and mu != float("inf")):
             raise ValueError(f"mu must be a finite number >= 0, got {mu}")
-        super().__init__(aggregation, trim, staleness)
+        super().__init__(aggregation, trim, staleness, byzantine, keep)
         self.mu = mu
 
     def fit(self, ctx: RoundContext) -> FitResult:

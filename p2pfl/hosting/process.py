@@ -6,12 +6,32 @@ import asyncio
 import os
 import signal
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p2pfl.hosting import Hosts, Progress
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import PROGRESS_PREFIX
+
+
+# Every process `spawn` started and not yet reaped: their pipes must close while the loop runs.
+_SPAWNED: "weakref.WeakSet[asyncio.subprocess.Process]" = weakref.WeakSet()
+
+
+async def reap(timeout: float = 5.0) -> None:
+    """Wait (up to `timeout`) for each process `spawn` started to exit, then close its pipes, inside
+    the event loop: a subprocess transport collected after `asyncio.run` closed its loop (Ctrl-C)
+    prints a traceback for each process."""
+    procs = list(_SPAWNED)
+    waits = [asyncio.ensure_future(p.wait()) for p in procs if p.returncode is None]
+    if waits:
+        await asyncio.wait(waits, timeout=timeout)
+    for proc in procs:
+        transport = getattr(proc, "_transport", None)
+        if transport is not None and proc.returncode is not None:
+            transport.close()
+            _SPAWNED.discard(proc)
 
 
 async def spawn(args: Sequence[str], log_path: Path, threads: int, *,
@@ -21,9 +41,12 @@ async def spawn(args: Sequence[str], log_path: Path, threads: int, *,
     Ray actor's worker must be, or it would go on serving its nodes after its actor was lost."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     tie = _killed_with_parent if die_with_parent and sys.platform.startswith("linux") else None
-    return await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.PIPE, stderr=open(log_path, "ab"), env=env, preexec_fn=tie,
-    )
+    with open(log_path, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=log, env=env, preexec_fn=tie,
+        )
+    _SPAWNED.add(proc)
+    return proc
 
 
 def _killed_with_parent() -> None:

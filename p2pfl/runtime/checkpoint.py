@@ -35,6 +35,10 @@ STATE_TENSOR = "__state__"
 # builds the same initial model from the scenario's seed, and at 10 % participation 900 of
 # 1000 nodes wrote a whole model after round 1 (Flower's Net: 2.3 MB each).
 AS_BUILT = "model_as_built"
+# A strategy's state may hold tensors (momentum, server optimiser moments): each is stored as a
+# tensor of the checkpoint under this prefix and its place in the JSON state, never pickled.
+STRATEGY_TENSORS = "__strategy__/"
+TENSOR_REF = "__tensor__"
 FORMAT = 1
 
 
@@ -201,6 +205,41 @@ def scenario_digest(scenario: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(scenario, sort_keys=True).encode()).hexdigest()
 
 
+def split_strategy_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """A strategy's state as JSON values, each tensor replaced by a reference to a checkpoint
+    tensor of its own; anything else that JSON cannot hold is refused, naming its key."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(value: Any, key: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            name = f"{STRATEGY_TENSORS}{key}"
+            tensors[name] = value.detach().cpu().contiguous()
+            return {TENSOR_REF: name}
+        if isinstance(value, Mapping):
+            return {k: walk(v, f"{key}/{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v, f"{key}/{i}" if key else str(i)) for i, v in enumerate(value)]
+        if value is None or isinstance(value, (str, bool, int, float)):
+            return value
+        raise TypeError(f"strategy state {key or '(root)'!r} holds a {type(value).__name__}: a strategy's "
+                        "state_dict may hold JSON values (dicts, lists, strings, numbers) and torch tensors only")
+
+    return walk(state, ""), tensors
+
+
+def join_strategy_state(state: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """`split_strategy_state` undone: each reference replaced by its tensor."""
+    if isinstance(state, Mapping):
+        if set(state) == {TENSOR_REF}:
+            if state[TENSOR_REF] not in tensors:
+                raise CheckpointError(f"the strategy's state names tensor {state[TENSOR_REF]!r}, which the checkpoint lacks")
+            return tensors[state[TENSOR_REF]]
+        return {k: join_strategy_state(v, tensors) for k, v in state.items()}
+    if isinstance(state, list):
+        return [join_strategy_state(v, tensors) for v in state]
+    return state
+
+
 def read_resumable(path: Path, *, node_id: str, public_hex: str, scenario: Mapping[str, Any], rounds: int,
                    spec: Mapping[str, tuple[tuple[int, ...], str]]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """A checkpoint that this node (or coordinator) can resume from, verified in full before the
@@ -214,8 +253,9 @@ def read_resumable(path: Path, *, node_id: str, public_hex: str, scenario: Mappi
         raise CheckpointError(f"checkpoint {path} belongs to {doc.get('node')!r}, not {node_id}")
     if doc.get("scenario") != scenario_digest(scenario):
         raise CheckpointError(f"checkpoint {path} was written for another scenario; resume with the same one")
-    if tensors or doc.get(AS_BUILT) is None:  # a model as built is rebuilt, not stored (the caller checks its digest)
-        if set(tensors) != set(spec) or any(tuple(tensors[k].shape) != tuple(spec[k][0]) for k in spec):
+    model = {k: v for k, v in tensors.items() if not k.startswith(STRATEGY_TENSORS)}
+    if model or doc.get(AS_BUILT) is None:  # a model as built is rebuilt, not stored (the caller checks its digest)
+        if set(model) != set(spec) or any(tuple(model[k].shape) != tuple(spec[k][0]) for k in spec):
             raise CheckpointError(f"checkpoint {path} does not hold this scenario's model")
     records = doc.get("rounds")
     if not isinstance(records, list) or len(records) != doc.get("round") or doc["round"] > rounds:

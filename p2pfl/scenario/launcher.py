@@ -34,8 +34,8 @@ from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.topology import Topology
 from p2pfl.hosting import Hosting, hosting_for
 from p2pfl.hosting.ports import free_ports
-from p2pfl.hosting.process import spawn
-from p2pfl.scenario.results import STOPPED, format_summary, write_results
+from p2pfl.hosting.process import reap, spawn
+from p2pfl.scenario.results import STOPPED, failure_lines, format_summary, write_results
 from p2pfl.scenario.schema import (Scenario, apply_overrides, load_scenario, scenario_differences, scenario_from_dict,
                                    stored_as_made)
 from p2pfl.wire import NodeKey
@@ -135,6 +135,7 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
         kill_hosts()
         if coordinator is not None and coordinator.returncode is None:
             coordinator.kill()
+        await reap()
         await view.__aexit__(None, None, None)
 
 
@@ -265,6 +266,8 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     failed = [name for name, code in codes.items() if code != 0]
     if failed and not quiet:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
+        for line in failure_lines(results, out):
+            print(line, file=sys.stderr)
     return results, (1 if failed else 0)
 
 

@@ -268,6 +268,24 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
     return out
 
 
+def failure_lines(results: Mapping[str, Any], out: Path) -> list[str]:
+    """One line per node that ended badly, under its id: the last line of its error (a
+    traceback's is the exception), else the last line of its log."""
+    lines = []
+    for node in results.get("nodes") or []:
+        if node.get("status") not in ENDED_BADLY:
+            continue
+        error = [line.strip() for line in str(node.get("error") or "").splitlines() if line.strip()]
+        reason = error[-1] if error else ""
+        if not reason or reason.startswith("no result file"):
+            log = RunFolder(out).log(node["id"])  # a process of its own (placement "process") logs under its id
+            tail = [line.strip() for line in log.read_text(errors="replace").splitlines()[-50:] if line.strip()] \
+                if log.is_file() else []
+            reason = tail[-1] if tail else reason or "no error recorded"
+        lines.append(f"  {node['id']}: {reason[:300]}")
+    return lines
+
+
 def scenario_data_fingerprint(scenario: Any) -> dict[str, str]:
     """What the scenario's data depends on on this machine (p2pfl.data.data_fingerprint)."""
     from p2pfl.data import data_fingerprint

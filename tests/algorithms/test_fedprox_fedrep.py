@@ -15,7 +15,7 @@ from p2pfl.algorithms.fedprox import FedProx, proximal_term
 from p2pfl.algorithms.fedrep import FedRep
 from p2pfl.data import NodeData, Split
 from p2pfl.errors import ConfigError
-from p2pfl.models import SplitModel, cnn, part_state
+from p2pfl.models import SplitModel, cnn, load_part, part_state
 from p2pfl.runtime.strategy import ArtefactSink, Fetch, PeerModel, RoundContext
 from p2pfl.training import FitResult, LocalTrainer, TrainConfig
 from tests.core.test_influence import perturbed
@@ -228,3 +228,62 @@ def test_fedavg_robust_rules_take_the_own_model_and_every_peer_at_once(rule: str
     assert ctx.artefacts.records["aggregated_from"] == ["p0", "p1", "p2", "p3"]
     with pytest.raises(ConfigError, match="aggregation must be one of"):
         build_strategy("fedavg", {"aggregation": "mode"})
+
+
+@pytest.mark.parametrize("rule", ["krum", "multi_krum", "bulyan"])
+def test_fedavg_selection_rules_pick_among_the_own_model_and_the_peers(rule: str) -> None:
+    from p2pfl.core.robust import selection_aggregate
+
+    torch.manual_seed(0)
+    model = cnn(1, 8, CLASSES)
+    own = {k: v.clone() for k, v in part_state(model, "full").items()}
+    peers = [peer(f"p{i}", perturbed(model, seed=i + 1), "full", 10) for i in range(6)]
+    strategy = build_strategy("fedavg", {"aggregation": rule, "byzantine": 1, "keep": 3})
+    assert not strategy.folds_arrivals
+    ctx = context(model, peers=tuple(m.sender for m in peers))
+    strategy.aggregate(ctx, peers)
+    expected, picked = selection_aggregate([own, *(m.tensors for m in peers)], rule, 1, 3 if rule == "multi_krum" else 0)
+    for k, v in expected.items():
+        torch.testing.assert_close(part_state(model, "full")[k], v)
+    names = [ctx.node_id, *(m.sender for m in peers)]
+    assert ctx.artefacts.records["picked"] == [names[i] for i in picked]
+    # Too few models for the rule (Bulyan with f = 1 needs 7): the own model stays.
+    model2 = cnn(1, 8, CLASSES)
+    before = {k: v.clone() for k, v in part_state(model2, "full").items()}
+    ctx2 = context(model2, peers=("p0", "p1"))
+    build_strategy("fedavg", {"aggregation": rule, "byzantine": 1}).aggregate(ctx2, peers[:2])
+    assert all(torch.equal(part_state(model2, "full")[k], v) for k, v in before.items())
+    assert ctx2.artefacts.records["picked"]["too_few_models"] == 3
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fedadam", "fedyogi", "fedadagrad"])
+def test_fedopt_steps_from_the_round_start_along_fedavgs_aggregate(name: str) -> None:
+    """The pseudo-gradient is FedAvg's aggregate minus the round's start; the moments are the
+    strategy's state and survive a checkpoint's JSON-and-tensors form."""
+    from p2pfl.core.server_opt import ServerOptimizer
+    from p2pfl.runtime.checkpoint import join_strategy_state, split_strategy_state
+
+    torch.manual_seed(0)
+    model = cnn(1, 8, CLASSES)
+    start = {k: v.clone() for k, v in part_state(model, "full").items()}
+    trained = {k: v.clone() for k, v in part_state(perturbed(model, seed=9), "full").items()}
+    load_part(model, trained)
+    peers = [peer(f"p{i}", perturbed(model, seed=i + 1), "full", 10) for i in range(3)]
+    ctx = context(model, peers=tuple(m.sender for m in peers))
+    ctx.round_start = start
+    fedavg_model = cnn(1, 8, CLASSES)
+    load_part(fedavg_model, trained)
+    fedavg_ctx = context(fedavg_model, peers=ctx.peers)
+    build_strategy("fedavg", {}).aggregate(fedavg_ctx, peers)
+    aggregate = part_state(fedavg_model, "full")
+    strategy = build_strategy(name, {})
+    strategy.aggregate(ctx, peers)
+    reference = ServerOptimizer(strategy.kind, strategy.optimizer.lr, strategy.optimizer.beta1,
+                                strategy.optimizer.beta2, strategy.optimizer.tau)
+    expected = reference.step(start, aggregate)
+    for k, v in expected.items():
+        torch.testing.assert_close(part_state(model, "full")[k], v)
+    plain, tensors = split_strategy_state(strategy.state_dict())
+    fresh = build_strategy(name, {})
+    fresh.load_state_dict(join_strategy_state(plain, tensors))
+    assert all(torch.equal(fresh.optimizer.m[k], strategy.optimizer.m[k]) for k in strategy.optimizer.m)

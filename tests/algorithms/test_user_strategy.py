@@ -135,3 +135,28 @@ def test_a_user_strategy_brings_its_own_coordinator_half(tmp_path: Path, monkeyp
         assert record["weights"] == pytest.approx({"node-0": 1 / 3, "node-1": 1 / 3, "node-2": 1 / 3})
     docs = (Path(__file__).parents[2] / "docs" / "algorithms.md").read_text()
     assert "```python\n" + UNIFORM_GLOBAL.lstrip("\n") + "```" in docs
+
+
+def test_a_failing_strategy_says_why_in_the_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The terminal names each failed node and its last error line, not only "FAILED: ..."."""
+    from p2pfl.scenario.launcher import run_scenario
+    from tests.runtime.helpers import write_tiny
+
+    (tmp_path / "broken_strategies.py").write_text(
+        "from p2pfl.algorithms.fedavg import FedAvg\n\n"
+        "class Broken(FedAvg):\n"
+        "    def aggregate(self, ctx, arrived):\n"
+        "        raise TypeError('momentum buffer of the wrong shape')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, algorithm="broken_strategies:Broken")
+    try:
+        results, code = run_scenario(path, tmp_path / "run", progress=False)
+    finally:
+        sys.modules.pop("broken_strategies", None)
+    assert code == 1 and sorted(results["summary"]["nodes_failed"]) == ["node-0", "node-1"]
+    err = capsys.readouterr().err
+    assert "FAILED: node-0, node-1" in err
+    for node in ("node-0", "node-1"):
+        assert f"  {node}: TypeError: momentum buffer of the wrong shape" in err

@@ -49,7 +49,7 @@ def test_trimming_keeps_one_member_and_bad_arguments_are_named() -> None:
     assert trimmed_count(10, 0.1) == 1 and trimmed_count(10, 0.49) == 4 and trimmed_count(2, 0.49) == 0
     with pytest.raises(ValueError, match="trim must be in"):
         trimmed_count(5, 0.5)
-    with pytest.raises(ValueError, match="unknown robust rule"):
+    with pytest.raises(ValueError, match="unknown coordinate-wise rule .mode."):
         robust_aggregate([{"w": torch.zeros(1)}], "mode")
     with pytest.raises(ValueError, match="keys differ"):
         robust_aggregate([{"w": torch.zeros(1)}, {"v": torch.zeros(1)}], "median")

@@ -75,7 +75,7 @@ def test_bad_encoder_specs_name_the_field() -> None:
 def test_a_missing_optional_package_names_the_extra(tmp_path) -> None:
     checkpoint = tmp_path / "tiny.pt"
     checkpoint.write_bytes(b"\0")
-    with pytest.raises(ConfigError, match=r"image_encoder.*open_clip.*p2pfl\[clip\]"):
+    with pytest.raises(ConfigError, match=r"image_encoder.*open_clip.*p2pfl-influence\[clip\]"):
         build_image_encoder(f"open_clip:tiny:{checkpoint}", 512, 0)
 
 
@@ -143,3 +143,24 @@ def test_pretrained_is_the_default_and_falls_back_with_a_warning(monkeypatch, ca
         assert encoders.resolve_pretrained("pretrained", "label") == "orthonormal"
     assert "encoders` extra" in caplog.text and "'random_cnn'" in caplog.text
     assert isinstance(build_image_encoder("pretrained", 64, seed=0), encoders.RandomCNN)
+
+
+def test_a_scenario_naming_an_encoder_whose_package_is_missing_stops_before_any_process(
+        tmp_path, monkeypatch) -> None:
+    """Checked when the scenario is read (exit 2, the field named, the distribution to install),
+    not by every node in round 0."""
+    import importlib.util as util
+
+    from p2pfl.errors import ConfigError
+    from p2pfl.scenario.schema import load_scenario
+    from tests.runtime.helpers import write_tiny
+
+    path = write_tiny(tmp_path, nodes=3, algorithm="client2vec")
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "wordllama" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"wordllama.*pip install 'p2pfl-influence\[encoders\]'") as info:
+        load_scenario(path, ['algorithm.params.label_encoder="wordllama"'])
+    assert info.value.field == "algorithm.params.label_encoder"
+    with pytest.raises(ConfigError, match="unknown image encoder 'resnet'"):
+        load_scenario(path, ['algorithm.params.image_encoder="resnet"'])
+    assert load_scenario(path, ['algorithm.params.label_encoder="orthonormal"'])  # needs nothing

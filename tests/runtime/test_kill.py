@@ -109,3 +109,35 @@ def test_finding_10_sigterm_stops_the_run_like_ctrl_c_and_resume_loses_no_round(
         assert node["status"] == "ok"
         assert [r["round"] for r in node["rounds"]] == list(range(1, rounds + 1))
 
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stopped_run_says_one_line_and_no_traceback(tmp_path, how):
+    """Ctrl-C reaches the launcher and its nodes at once (one process group, as at a terminal);
+    SIGTERM the launcher alone. Either way stderr holds the one line with the resume hint."""
+    import os
+    import signal
+    import time
+
+    scenario = write_tiny(tmp_path, nodes=2, rounds=30, samples=40, timeout=5.0)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(out), "--no-progress"]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        rounds_file = out / "nodes" / "node-0.rounds.jsonl"
+        while time.monotonic() < deadline and not (rounds_file.is_file() and rounds_file.read_text().count("\n") >= 1):
+            time.sleep(0.1)
+        assert launcher.poll() is None, "the run ended before it could be stopped"
+        if how == "ctrl-c":
+            os.killpg(launcher.pid, signal.SIGINT)
+        else:
+            launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == (130 if how == "ctrl-c" else 143), err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--out {out} --resume" in lines[0], err[-3000:]

@@ -208,7 +208,7 @@ def test_ray_without_a_cluster_or_without_ray_is_a_clear_config_error(tmp_path: 
     assert "runtime.ray_address" in err and "ray start --head" in err
     assert not (tmp_path / "run" / "results.json").exists()
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
-    with pytest.raises(ConfigError, match=r'runtime.placement.*pip install -e "\.\[ray\]"'):
+    with pytest.raises(ConfigError, match=r"runtime.placement.*pip install 'p2pfl-influence\[ray\]'"):
         ray_placement.connect("auto")
 
 

@@ -304,3 +304,49 @@ def test_a_node_that_fails_in_round_one_resumes_from_round_zero(tmp_path: Path, 
     assert clone.restore() == 0 and clone.rounds == [] and clone.stage < Stage.SET_UP  # it sets up again
     _, doc = read_checkpoint(finished.state.path, node_id="node-1", public_hex=finished.parts.key.public_hex)
     assert doc["round"] == 2 and "setup" in doc
+
+
+def test_a_strategy_state_may_hold_tensors_and_nothing_unserialisable(tmp_path: Path) -> None:
+    """FedAvgM-style momentum in a strategy's state: checkpointed with the wire's tensor encoding
+    (no pickle) and restored bit for bit; a value JSON cannot hold is refused at the first
+    checkpoint, naming its key."""
+    from p2pfl.algorithms.fedavg import FedAvg
+    from p2pfl.runtime.checkpoint import join_strategy_state, split_strategy_state
+
+    state = {"momentum": {"w": torch.randn(3, 2), "b": torch.arange(4)}, "steps": [1, torch.ones(2)], "name": "m"}
+    plain, tensors = split_strategy_state(state)
+    assert json.loads(json.dumps(plain)) == plain and set(tensors) == {
+        "__strategy__/momentum/w", "__strategy__/momentum/b", "__strategy__/steps/1"}
+    back = join_strategy_state(plain, tensors)
+    assert torch.equal(back["momentum"]["w"], state["momentum"]["w"]) and back["name"] == "m"
+    with pytest.raises(TypeError, match="strategy state 'momentum/seen' holds a set"):
+        split_strategy_state({"momentum": {"seen": {1, 2}}})
+
+    class WithMomentum(FedAvg):
+        def __init__(self) -> None:
+            super().__init__()
+            self.momentum: dict[str, torch.Tensor] = {}
+
+        def aggregate(self, ctx, arrived):  # type: ignore[no-untyped-def]
+            super().aggregate(ctx, arrived)
+            self.momentum = {k: v.detach().clone() * 0.9 for k, v in ctx.model.state_dict().items()}
+
+        def state_dict(self):  # type: ignore[no-untyped-def]
+            return {"momentum": self.momentum}
+
+        def load_state_dict(self, state):  # type: ignore[no-untyped-def]
+            self.momentum = dict(state["momentum"])
+
+    path = write_tiny(tmp_path, nodes=2, rounds=2, samples=40, timeout=5.0)
+    nodes, _ = build_in_process(path, tmp_path / "run")
+    for node in nodes:
+        node.parts.strategy = WithMomentum()
+    run_in_process(nodes, None)
+    original = nodes[0]
+    clone = assemble_node(original.config, scenario_of(original), resume=True)
+    clone.parts.strategy = WithMomentum()
+    clone.parts.fresh_strategy = WithMomentum
+    assert clone.restore() == 2
+    assert original.parts.strategy.momentum  # aggregated with it, so there is momentum to restore
+    for k, v in original.parts.strategy.momentum.items():
+        assert torch.equal(clone.parts.strategy.momentum[k], v), k

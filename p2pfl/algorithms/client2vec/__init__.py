@@ -56,6 +56,7 @@ from p2pfl.core.client2vec import (
 )
 from p2pfl.core.influence import weighted_average
 from p2pfl.models import load_part, part_state
+from p2pfl.models.encoders import check_encoder
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, RunResults, Strategy
 from p2pfl.training.trainer import FitResult
 
@@ -134,6 +135,9 @@ class Client2Vec(IndexBuilding, Strategy):
         if local_orth not in ORTH_MODES:
             raise ValueError(f"local_orth must be one of {ORTH_MODES}, got {local_orth!r}")
         self.local_orth = local_orth
+        if self.sampling or self.aggregation or self.local:  # only a row that builds an index encodes anything
+            check_encoder(image_encoder, "image", "algorithm.params.image_encoder")
+            check_encoder(label_encoder, "label", "algorithm.params.label_encoder")
         self.encoders = (image_encoder, label_encoder, label_prompt)
         self.config = dsa_ign_config(embed_dim, d_model, heads, layers, ff_dim, dropout, positional, orth, losses)
         if index_rounds < 1 or not 0 < index_fraction <= 1 or index_local_epochs < 1:

@@ -196,7 +196,7 @@ class IndexBuilding:
             served = exchange.first(1, "dsa_ign", list(ctx.peers))
             if served is None:
                 raise RuntimeError(f"no neighbour of {sorted(ctx.peers)} served Client2Vec's DSA-IGN within "
-                                   "runtime.setup_wait_s: nodes serve it to joiners only when the scenario's [churn] "
+                                   "runtime.fetch_timeout_s: nodes serve it to joiners only when the scenario's [churn] "
                                    "schedules joins")
             state = served.tensors
             ctx.log(f"{ctx.node_id}: joined after round 1; index built with {served.sender}'s copy of the DSA-IGN")

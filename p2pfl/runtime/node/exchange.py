@@ -197,9 +197,10 @@ class SetupExchange:
         return self._run(self.exchange.gather(named, step, RoundChecks(0), wait=self.wait))
 
     def first(self, step: int, part: str, peers: Sequence[str]) -> PeerModel | None:
-        """The first of `peers` to serve `part` at `step` or later, within setup_wait_s (None: none did)."""
+        """The first of `peers` to serve `part` at `step` or later, within this exchange's wait
+        (fetch_timeout_s for a late node: what it needs was served long ago; None: none did)."""
         async def first_answer() -> PeerModel | None:
-            transport, wait = self.exchange.transport, self.exchange.settings.setup_wait_s
+            transport, wait = self.exchange.transport, self.wait
             pending = {asyncio.ensure_future(transport.fetch(p, setup_part(part), step, wait)) for p in peers}
             try:
                 while pending:

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from p2pfl.models import part_spec
-from p2pfl.runtime.checkpoint import (AS_BUILT, CheckpointError, read_checkpoint, read_resumable, restore_run_state,
-                                      run_state, save_checkpoint, scenario_digest, tensors_digest)
+from p2pfl.runtime.checkpoint import (AS_BUILT, STRATEGY_TENSORS, CheckpointError, join_strategy_state, read_checkpoint,
+                                      read_resumable, restore_run_state, run_state, save_checkpoint, scenario_digest,
+                                      split_strategy_state, tensors_digest)
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
 from p2pfl.runtime.settings import NodeSettings
@@ -72,11 +73,12 @@ class NodeState:
         """`durable`: synced to disk (at the end); a round's checkpoint survives the process, not the machine.
         A model as built (no round taken part in) is stored as its digest (checkpoint.AS_BUILT)."""
         tensors, doc = self.tensors(), self.document(set_up)
+        doc["strategy"], strategy_tensors = split_strategy_state(doc["strategy"])
         if not self.trained and (_write_marks(tensors) == self._built_marks
                                  or tensors_digest(tensors) == self.built_digest):
             tensors, doc = {}, {**doc, AS_BUILT: self.built_digest}
-        save_checkpoint(self.path, tensors, key=self.parts.key, node_id=self.node_id, round_=len(self.rounds),
-                        extra=doc, durable=durable)
+        save_checkpoint(self.path, {**tensors, **strategy_tensors}, key=self.parts.key, node_id=self.node_id,
+                        round_=len(self.rounds), extra=doc, durable=durable)
 
     def from_disk(self) -> dict[str, Any]:
         """The state document of this node's checkpoint, verified, without loading it."""
@@ -88,8 +90,11 @@ class NodeState:
     def restore(self) -> tuple[int, bool]:
         """Load the last checkpoint: (the last complete round, whether setup's outcome was in it)."""
         path, parts = self.path, self.parts
-        tensors, doc = read_resumable(path, node_id=self.node_id, public_hex=parts.key.public_hex,
-                                      scenario=self.settings.resolved, rounds=self.settings.rounds, spec=self.spec())
+        stored, doc = read_resumable(path, node_id=self.node_id, public_hex=parts.key.public_hex,
+                                     scenario=self.settings.resolved, rounds=self.settings.rounds, spec=self.spec())
+        tensors = {k: v for k, v in stored.items() if not k.startswith(STRATEGY_TENSORS)}
+        doc["strategy"] = join_strategy_state(doc["strategy"], {k: v.to(parts.device) for k, v in stored.items()
+                                                               if k.startswith(STRATEGY_TENSORS)})
         as_built = doc.get(AS_BUILT) if not tensors else None
         if as_built is not None and as_built != self.built_digest:
             raise CheckpointError(f"checkpoint {path} holds the model as built, and this node builds another one "
