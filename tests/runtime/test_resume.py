@@ -3,9 +3,13 @@ round lost; a corrupt, foreign or other-scenario checkpoint is refused before an
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,7 +127,25 @@ def test_a_sigkilled_node_costs_no_timeout_and_rejoins_the_round_its_peers_are_i
                 break
         victim.wait(timeout=30)
         first_life = json.loads(json.dumps(assemble_node(load_config(paths[2]), scenario, resume=True).state.from_disk()))
+        # The peers go on without it. Held still once two rounds past its checkpoint, and let go when
+        # it listens again, so that however long its restart takes (importing torch on a loaded
+        # machine), they have not finished their rounds by then.
+        watcher = procs["node-0"]
+        assert watcher.stdout is not None
+        for line in watcher.stdout:
+            if line.startswith(PROGRESS_PREFIX) and json.loads(line[len(PROGRESS_PREFIX):])["round"] >= 5:
+                break
+        for name in ("node-0", "node-1"):
+            procs[name].send_signal(signal.SIGSTOP)
         procs["node-2"] = start(paths[2], "--resume")
+        config = load_config(paths[2])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and procs["node-2"].poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection((config.host, config.port), timeout=0.5):
+                break
+            time.sleep(0.05)
+        for name in ("node-0", "node-1"):
+            procs[name].send_signal(signal.SIGCONT)
         for name, proc in procs.items():
             assert proc.wait(timeout=400) == 0, (out / "logs" / f"{name}.log").read_text()[-3000:]
     finally:
