@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "the page stays up after the run until Ctrl-C")
     run.add_argument("--no-linger", action="store_true",
                      help="with --dashboard: stop serving the page when the run ends")
+    run.add_argument("--tensorboard", metavar="DIR", nargs="?", type=Path, const=True, default=None,
+                     help="write TensorBoard scalars as rounds end (default DIR: OUT/tensorboard); "
+                          "`tensorboard --logdir DIR` shows them while the run goes")
     run.add_argument("--ray", metavar="auto|HOST:PORT", default=None,
                      help='run the nodes on a Ray cluster (runtime.placement = "ray"); start one with `ray start --head`')
     _add_set(run)
@@ -297,13 +300,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.ray is not None:
             overrides += ['runtime.placement="ray"', f"runtime.ray_address={json.dumps(args.ray)}"]
         _fields_first(args.scenario, overrides)
-        from p2pfl.scenario.launcher import run_scenario
+        from p2pfl.scenario.launcher import all_of, run_scenario
 
-        live_view = None
+        views = []
         if args.dashboard is not None:  # the report layer (and its plotting) only when asked for
             from p2pfl.report.dashboard import live_dashboard
 
-            live_view = live_dashboard(args.dashboard)
+            views.append(live_dashboard(args.dashboard))
+        if args.tensorboard is not None:
+            from p2pfl.report.tensorboard import live_tensorboard
+
+            views.append(live_tensorboard(None if args.tensorboard is True else args.tensorboard))
+        live_view = all_of(views)
         _, code = run_scenario(args.scenario, args.out, overrides, progress=not args.no_progress,
                                timeout_s=args.timeout, force=args.force, resume=args.resume, live_view=live_view)
         if args.dashboard is not None and not args.no_linger:

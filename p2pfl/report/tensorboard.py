@@ -1,15 +1,19 @@
-"""A run folder's records as TensorBoard scalars (`p2pfl export --tensorboard RUN`), so a run can
-be looked at beside other TensorBoard runs. One TensorBoard run per node (`LOGDIR/node-3`) and
-one for the mean over nodes (`LOGDIR/mean`); the step is the round. Needs the `tensorboard`
-extra (`pip install -e ".[tensorboard]"`)."""
+"""A run's records as TensorBoard scalars, so a run can be looked at beside other TensorBoard runs:
+live while it goes (`p2pfl run --tensorboard DIR`) or after (`p2pfl export --tensorboard RUN`, a
+run folder or a compare folder). One TensorBoard run per node (`LOGDIR/node-3`) and one for the
+mean over nodes (`LOGDIR/mean`); the step is the round. Writing again replaces the event files
+it wrote before, so every scalar appears once. Needs the `tensorboard` extra
+(`pip install 'p2pfl-influence[tensorboard]'`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +40,139 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def export_tensorboard(run_dir: Path, logdir: Path | None = None) -> Path:
-    """Write the scalars of `run_dir/results.json` under `logdir` (default `run_dir/tensorboard`)."""
+EVENT_FILES = "events.out.tfevents.*"
+LIVE_EVERY_S = 1.0  # how often a live writer reads the nodes' round files
+
+
+def _writer_class() -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ConfigError("--tensorboard", "needs TensorBoard: pip install 'p2pfl-influence[tensorboard]' (in a checkout: pip install -e '.[tensorboard]')") from None
+        raise ConfigError("--tensorboard", "needs TensorBoard: pip install 'p2pfl-influence[tensorboard]' "
+                                           "(in a checkout: pip install -e '.[tensorboard]')") from None
+    return SummaryWriter
+
+
+def clear_events(logdir: Path) -> None:
+    """The event files an earlier export or live run wrote under `logdir`; nothing else is touched."""
+    for path in logdir.glob(f"*/{EVENT_FILES}"):
+        path.unlink()
+
+
+class ScalarWriter:
+    """Round records in, scalars out: one writer per node, the mean over nodes at `close`."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir, self.writer_class = logdir, _writer_class()
+        clear_events(logdir)
+        self.writers: dict[str, Any] = {}
+        self.by_round: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+
+    def add(self, node: str, record: Mapping[str, Any]) -> None:
+        writer = self.writers.get(node)
+        if writer is None:
+            writer = self.writers[node] = self.writer_class(log_dir=str(self.logdir / node))
+        for tag, key in SCALARS.items():
+            value = _number(record.get(key))
+            if value is not None and isinstance(record.get("round"), int):
+                writer.add_scalar(tag, value, record["round"])
+                self.by_round[tag][record["round"]].append(value)
+
+    def flush(self) -> None:
+        for writer in self.writers.values():
+            writer.flush()
+
+    def close(self, title: str) -> None:
+        with self.writer_class(log_dir=str(self.logdir / "mean")) as mean:
+            for tag, rounds in self.by_round.items():
+                for round_, values in sorted(rounds.items()):
+                    mean.add_scalar(tag, statistics.fmean(values), round_)
+            mean.add_text("run", title)
+        for writer in self.writers.values():
+            writer.close()
+
+
+def export_tensorboard(run_dir: Path, logdir: Path | None = None) -> Path:
+    """Write the scalars of `run_dir/results.json` under `logdir` (default `run_dir/tensorboard`);
+    a compare folder's runs each under `logdir/<row>/seed<N>`."""
+    from p2pfl.runtime.run_folder import compare_row_runs, row_slug
+
+    logdir = logdir or run_dir / "tensorboard"
+    if (run_dir / "compare.json").is_file():
+        for label, runs in compare_row_runs(run_dir).items():
+            for run in runs:
+                if (run / "results.json").is_file():
+                    export_tensorboard(run, logdir / row_slug(label) / run.name)
+        return logdir
     path = run_dir / "results.json"
     if not path.is_file():
-        raise ConfigError("run", f"{run_dir} holds no results.json (not a finished run folder)")
+        raise ConfigError("run", f"{run_dir} holds no results.json (not a finished run folder, nor a compare folder)")
     results: Mapping[str, Any] = json.loads(path.read_text())
-    logdir = logdir or run_dir / "tensorboard"
-    by_round: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    scalars = ScalarWriter(logdir)
     for node in results["nodes"]:
-        with SummaryWriter(log_dir=str(logdir / node["id"])) as writer:
-            for record in node.get("rounds", []):
-                for tag, key in SCALARS.items():
-                    value = _number(record.get(key))
-                    if value is not None:
-                        writer.add_scalar(tag, value, record["round"])
-                        by_round[tag][record["round"]].append(value)
-    with SummaryWriter(log_dir=str(logdir / "mean")) as writer:
-        for tag, rounds in by_round.items():
-            for round_, values in sorted(rounds.items()):
-                writer.add_scalar(tag, statistics.fmean(values), round_)
-        writer.add_text("run", f"{results['scenario']['name']}: {results['algorithm']}, "
-                               f"{len(results['nodes'])} nodes, {results['scenario']['rounds']} rounds")
+        for record in node.get("rounds", []):
+            scalars.add(node["id"], record)
+    scalars.close(_title(results["scenario"], results["algorithm"], len(results["nodes"])))
     return logdir
+
+
+def _title(scenario: Mapping[str, Any], algorithm: str, nodes: int) -> str:
+    return f"{scenario.get('name')}: {algorithm}, {nodes} nodes, {scenario.get('rounds')} rounds"
+
+
+class RoundTail:
+    """The nodes' round files of a running run (`nodes/<id>.rounds.jsonl`), read as they grow:
+    each call returns the records written since the last, whole lines only."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.offsets = run_dir, dict[Path, int]()
+
+    def new_records(self) -> list[tuple[str, dict[str, Any]]]:
+        found = []
+        for path in sorted((self.run_dir / "nodes").glob("*.rounds.jsonl")):
+            with path.open("rb") as fh:
+                fh.seek(self.offsets.get(path, 0))
+                data = fh.read()
+            whole = data[: data.rfind(b"\n") + 1]
+            self.offsets[path] = self.offsets.get(path, 0) + len(whole)
+            for line in whole.splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    found.append((path.name.removesuffix(".rounds.jsonl"), record))
+        return found
+
+
+def live_tensorboard(logdir: Path | None = None) -> Callable[[Path], AbstractAsyncContextManager[None]]:
+    """A run's live view (`run_scenario(..., live_view=live_tensorboard(DIR))`): each node's scalars
+    written as its rounds end (read every LIVE_EVERY_S), the mean over nodes when the run ends."""
+    _writer_class()  # a missing extra is said before the run starts
+
+    @asynccontextmanager
+    async def writing(run_dir: Path) -> AsyncIterator[None]:
+        scalars, tail = ScalarWriter(logdir or run_dir / "tensorboard"), RoundTail(run_dir)
+
+        def take() -> None:
+            for node, record in tail.new_records():
+                scalars.add(node, record)
+            scalars.flush()
+
+        async def follow() -> None:
+            while True:
+                await asyncio.to_thread(take)
+                await asyncio.sleep(LIVE_EVERY_S)
+
+        task = asyncio.create_task(follow())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            take()
+            scenario = run_dir / "scenario.json"
+            title = json.loads(scenario.read_text()) if scenario.is_file() else {}
+            scalars.close(_title(title, (title.get("algorithm") or {}).get("name", "?"), len(scalars.writers)))
+
+    return writing

@@ -93,6 +93,21 @@ def write_run_folder(scenario: Scenario, out: Path,
 # API, so that launching never imports the report layer): entered before the nodes start, left after.
 LiveView = Callable[[Path], contextlib.AbstractAsyncContextManager[Any]]
 
+
+def all_of(views: Sequence[LiveView]) -> LiveView | None:
+    """Several live views of one run (the dashboard and TensorBoard) as one; None for none."""
+    if not views:
+        return None
+
+    @contextlib.asynccontextmanager
+    async def every(run_dir: Path) -> Any:
+        async with contextlib.AsyncExitStack() as stack:
+            for view in views:
+                await stack.enter_async_context(view(run_dir))
+            yield
+
+    return every
+
 async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coordinator_path: Path | None,
                      progress: bool, timeout_s: float | None, resume: bool, hosting: Hosting,
                      live_view: LiveView | None = None) -> dict[str, int]:

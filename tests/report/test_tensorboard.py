@@ -42,6 +42,70 @@ def test_a_run_exports_each_nodes_scalars_and_their_mean(tmp_path: Path) -> None
     tags = EventAccumulator(str(logdir / "node-0"))
     tags.Reload()
     assert "loss/test" not in tags.Tags()["scalars"] and "privacy/epsilon" not in tags.Tags()["scalars"]  # none, inf
+    # Exported again: the earlier event files are replaced, so every scalar appears once.
+    assert main(["export", str(run), "--tensorboard"]) == 0
+    assert len(list((logdir / "node-1").glob("events.out.tfevents.*"))) == 1
+    assert scalars("node-1", "accuracy/after_training") == [(1, 0.61), (2, 0.71), (3, 0.81)]
+
+
+def test_a_compare_folder_exports_one_run_per_row_and_seed(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "cmp"
+    for row in ("local", "fedavg"):
+        for seed in (0, 1):
+            (out / row / f"seed{seed}").mkdir(parents=True)
+            (out / row / f"seed{seed}" / "results.json").write_text(json.dumps(_results()))
+    (out / "compare.json").write_text(json.dumps({"seeds": [0, 1], "rows": {"local": [], "fedavg": []}}))
+    assert main(["export", str(out), "--tensorboard"]) == 0
+    events = EventAccumulator(str(out / "tensorboard" / "fedavg" / "seed1" / "mean"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("accuracy/after_training")] == [1, 2, 3]
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == ["fedavg", "local"]
+
+
+@pytest.mark.slow
+def test_a_run_writes_its_scalars_live(tmp_path: Path) -> None:
+    """`p2pfl run --tensorboard`: a node's scalars can be read while the run still goes."""
+    pytest.importorskip("tensorboard")
+    import subprocess
+    import sys
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.runtime.helpers import write_tiny
+
+    scenario = write_tiny(tmp_path, nodes=2, rounds=400, samples=40, timeout=5.0)
+    out, logdir = tmp_path / "run", tmp_path / "tb"
+    run = subprocess.Popen([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(out), "--no-progress",
+                            "--tensorboard", str(logdir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and run.poll() is None and not seen:
+            if (logdir / "node-0").is_dir():
+                events = EventAccumulator(str(logdir / "node-0"))
+                events.Reload()
+                if "accuracy/after_training" in events.Tags()["scalars"]:
+                    seen = [e.step for e in events.Scalars("accuracy/after_training")]
+            time.sleep(0.2)
+        assert seen and run.poll() is None, "no scalar was readable while the run went on"
+        _, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-2000:]
+    assert seen[0] == 1 and seen == sorted(seen)
+    results = json.loads((out / "results.json").read_text())
+    events = EventAccumulator(str(logdir / "node-0"), size_guidance={"scalars": 0})
+    events.Reload()
+    steps = [e.step for e in events.Scalars("accuracy/after_training")]
+    assert steps == [r["round"] for r in results["nodes"][0]["rounds"]]  # every round, once
+    mean = EventAccumulator(str(logdir / "mean"), size_guidance={"scalars": 0})
+    mean.Reload()
+    assert len(mean.Scalars("accuracy/after_training")) == 400
 
 
 def test_a_folder_without_results_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
