@@ -10,9 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_MAX_WEIGHT_RATIO = 4.0  # runtime.max_weight_ratio (p2pfl.runtime.peer_claims)
-DEFAULT_MAX_NORM_RATIO = 1000.0  # runtime.max_norm_ratio
-DEFAULT_UPDATE_BOUND = 1.0  # runtime.update_bound; 0 turns it off (chosen on validation: docs/security.md)
+# Defences that change what an honest run computes are off in a simulation, where every node is
+# the user's own: a name computes what it names ("fedavg" is FedAvg). A LAN deployment's configs
+# (`p2pfl lan`) turn them on unless its scenario sets them: DEPLOYED_DEFENCES.
+DEFAULT_MAX_WEIGHT_RATIO = 0.0  # runtime.max_weight_ratio (p2pfl.runtime.peer_claims); 0: no cap
+DEFAULT_MAX_NORM_RATIO = 1000.0  # runtime.max_norm_ratio (refuses only what no honest run sends: on everywhere)
+DEFAULT_UPDATE_BOUND = 0.0  # runtime.update_bound; 0: off
+# On a LAN, a peer is another operator's machine: a part pulled back to the node's own update
+# (the bound, chosen on validation: docs/security.md) and a peer's n_train counted at most 4x.
+DEPLOYED_DEFENCES = {"update_bound": 1.0, "max_weight_ratio": 4.0}
 # runtime.update_refuse: a part this many times over the bound is refused, not pulled back; 0 never.
 # Honest parts lay at most 10.8 times over in the poisoning table's bounded runs (pFedSV beside a
 # label-flipper; 7.9 beside the sign-flipper), a sign-flip x1000 482 to 1744 times (docs/security.md):

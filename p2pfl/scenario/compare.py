@@ -26,7 +26,7 @@ from typing import Any
 from p2pfl.core.paired import LEVEL, MIN_SEEDS, PairedDifference, holm_corrected, paired_difference
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
-from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, degraded_warning, download_health, download_warning,
+from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, active_defences, degraded_warning, download_health, download_warning,
                                     refusal_warning, refused_peers)
 from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
                                    scenario_from_dict)
@@ -168,6 +168,7 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
         "held_out_acc": results["summary"].get("held_out_acc"),
         "epsilon": results["summary"].get("max_epsilon"),
         "wall_s": results["summary"]["wall_s"],
+        "defences": active_defences(results.get("scenario") or {}),
         # From the nodes' rounds, so that runs made before the summary kept it are checked too.
         "unanswered_share": download_health(nodes)["unanswered_share_second_half"],
         # Mean over nodes of the federated model's validation accuracy after the last round's
@@ -338,6 +339,12 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
                      f"`{reference}`, same seed), in points, with its 95 % t interval, the paired t test's p and "
                      f"its value after Holm's correction over the table's {len(paired)} tests; *higher*/*lower* "
                      f"only where the corrected p < {LEVEL} over at least {MIN_SEEDS} seeds, else *level*.")
+    defended = {label: runs[0].get("defences") for label, runs in rows.items() if runs and runs[0].get("defences")}
+    if defended:
+        lines.append("")
+        lines.append("Runtime defences on in these runs, beside the algorithm: " + "; ".join(
+            f"`{md_cell(label)}`: {' + '.join(on)}" for label, on in defended.items())
+                     + " (runtime.update_bound, runtime.max_weight_ratio; off in a simulation unless the scenario sets them).")
     note = per_node_test_note(rows)
     if note:
         lines.append("")

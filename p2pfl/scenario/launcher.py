@@ -36,8 +36,9 @@ from p2pfl.hosting import Hosting, hosting_for
 from p2pfl.hosting.ports import free_ports
 from p2pfl.hosting.process import reap, spawn
 from p2pfl.scenario.results import STOPPED, failure_lines, format_summary, write_results
-from p2pfl.scenario.schema import (Scenario, apply_overrides, load_scenario, scenario_differences, scenario_from_dict,
-                                   stored_as_made)
+from p2pfl.scenario.schema import (Scenario, apply_overrides, load_scenario, read_raw, scenario_differences,
+                                   scenario_from_dict, stored_as_made)
+from p2pfl.runtime.settings import DEPLOYED_DEFENCES
 from p2pfl.wire import NodeKey
 
 
@@ -307,6 +308,13 @@ def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_
 LAN_SCENARIO = "scenario.toml"  # the scenario's copy in a `p2pfl lan` folder
 
 
+def deployed_defences(raw: Mapping[str, Any]) -> list[str]:
+    """`--set` overrides that turn on, for a LAN deployment, each defence its scenario leaves at the
+    simulation's default (off): on a LAN a peer is another operator's machine."""
+    runtime = raw.get("runtime") if isinstance(raw.get("runtime"), Mapping) else {}
+    return [f"runtime.{key}={value}" for key, value in DEPLOYED_DEFENCES.items() if key not in runtime]
+
+
 def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
                       coordinator_address: str | None = None, overrides: Sequence[str] = (), *,
                       force: bool = False) -> list[Path]:
@@ -317,6 +325,7 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
 
     Copy `out` to every machine (each needs only its own key) and start `p2pfl node out/<id>.toml`.
     """
+    overrides = [*deployed_defences(apply_overrides(read_raw(scenario_path), overrides)), *overrides]
     scenario = load_scenario(scenario_path, overrides)  # a bad --set fails here, not on every host
     if len(addresses) != scenario.nodes:
         raise ConfigError("--hosts", f"the scenario has {scenario.nodes} nodes but {len(addresses)} addresses were given")

@@ -349,6 +349,18 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def active_defences(scenario: Mapping[str, Any]) -> list[str]:
+    """The runtime defences that change what an honest run computes, as on in this (resolved,
+    stored) scenario: what a row named "fedavg" ran besides FedAvg."""
+    runtime = scenario.get("runtime") or {}
+    on = []
+    if runtime.get("update_bound"):
+        on.append(f"bound {runtime['update_bound']:g}")
+    if runtime.get("max_weight_ratio", 4.0):  # a run stored before the field was recorded capped at 4
+        on.append(f"weight cap {runtime.get('max_weight_ratio', 4.0):g}")
+    return on
+
+
 def format_summary(results: Mapping[str, Any]) -> str:
     """The table `p2pfl run` prints: accuracies in percent, as in `compare` and `report`
     (results.json keeps fractions)."""
@@ -366,7 +378,8 @@ def format_summary(results: Mapping[str, Any]) -> str:
     s = results["summary"]
     lines.append("-" * len(header))
     lines.append(
-        f"{results['algorithm']}: mean acc {_pct(s['mean_acc'])} % (std {_pct(s['std_acc'])}), weighted {_pct(s['weighted_acc'])} %, "
+        f"{' + '.join([results['algorithm'], *active_defences(results.get('scenario') or {})])}: "
+        f"mean acc {_pct(s['mean_acc'])} % (std {_pct(s['std_acc'])}), weighted {_pct(s['weighted_acc'])} %, "
         f"after aggregation {_pct(s.get('mean_acc_aggregated'))} %, epsilon {_fmt(s.get('max_epsilon'), '.2f')}, "
         f"bytes {human_bytes(s['total_bytes'])}, wall {s['wall_s']:.1f} s, compute fraction {_fmt(s.get('compute_fraction'), '.2f')}"
     )

@@ -123,3 +123,18 @@ def test_readdressing_a_run_folder_rewrites_its_roster_and_keeps_every_key(tmp_p
     configs = [load_node_config(p) for p in paths]
     assert [(c.host, c.port) for c in configs] == list(moved.values())
     assert configs[0].peers["node-2"].url == "http://10.0.0.3:9002"
+
+
+def test_lan_configs_turn_the_defences_on_unless_the_scenario_sets_them(tmp_path):
+    """A simulation's nodes are all the user's own: the defences that change the arithmetic are off.
+    On a LAN a peer is another operator's machine: the configs turn them on, unless the scenario
+    (or --set) says otherwise."""
+    from p2pfl.scenario.schema import apply_overrides, load_scenario, read_raw, scenario_from_dict
+
+    scenario = write_tiny(tmp_path, nodes=3)
+    assert load_scenario(scenario).runtime.update_bound == 0 and load_scenario(scenario).runtime.max_weight_ratio == 0
+    paths = write_lan_configs(scenario, ["10.0.0.1:9000", "10.0.0.2:9000", "10.0.0.3:9001"], tmp_path / "lan",
+                              overrides=["runtime.max_weight_ratio=2"])
+    config = load_node_config(paths[0])
+    deployed = scenario_from_dict(apply_overrides(read_raw(config.scenario), list(config.overrides)))
+    assert deployed.runtime.update_bound == 1.0 and deployed.runtime.max_weight_ratio == 2.0  # --set wins

@@ -90,3 +90,41 @@ def test_round_time_is_split_into_phases_that_sum_to_the_wall(fedavg_run):
     assert 0 < expected <= 1
     picture = run / "report" / "round_time.png"
     assert picture in make_report(run) and picture.stat().st_size > 10_000
+
+
+def test_fedavg_by_default_is_the_sample_weighted_mean_of_the_trained_models(tmp_path):
+    """A name computes what it names: with the scenario's defaults, a node's FedAvg aggregate is
+    Σ n_i θ_i / Σ n_i over its own and its peers' trained models (of unequal sizes), computed here
+    by hand: no defence pulls a peer back or changes a weight unless the scenario turns it on."""
+    from p2pfl.algorithms.fedavg import FedAvg
+
+    from .helpers import build_in_process, run_in_process
+
+    path = write_tiny(tmp_path, nodes=3, rounds=1, samples=5000)
+    nodes, _ = build_in_process(path, tmp_path / "run", ('data.partition="dirichlet"', "data.alpha=0.1",
+                                                         "data.min_size=8"))
+    sizes = {n.config.id: len(n.parts.data.train) for n in nodes}
+    assert len(set(sizes.values())) == 3, sizes
+    assert all(n.settings.update_bound == 0 and n.settings.max_weight_ratio == 0 for n in nodes)
+    trained, aggregated = {}, {}
+    fetch, aggregate = FedAvg.configure_fetch, FedAvg.aggregate
+
+    def recording_fetch(self, ctx):  # type: ignore[no-untyped-def]
+        trained[ctx.node_id] = {k: v.detach().clone() for k, v in part_state(ctx.model, "full").items()}
+        return fetch(self, ctx)
+
+    def recording_aggregate(self, ctx, arrived):  # type: ignore[no-untyped-def]
+        aggregate(self, ctx, arrived)
+        aggregated[ctx.node_id] = {k: v.detach().clone() for k, v in part_state(ctx.model, "full").items()}
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvg, "configure_fetch", recording_fetch)
+        patch.setattr(FedAvg, "aggregate", recording_aggregate)
+        results, _, _ = run_in_process(nodes, None)
+    assert [r["status"] for r in results] == ["ok"] * 3
+    total = sum(sizes.values())
+    for node, state in aggregated.items():
+        for k, v in state.items():
+            if v.is_floating_point():
+                by_hand = sum(sizes[i] * trained[i][k].double() for i in sizes) / total
+                torch.testing.assert_close(v.double(), by_hand, rtol=1e-5, atol=1e-6)
