@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="serve a live view of the run on http://127.0.0.1:PORT/ (default port 8050); "
                           "the page stays up after the run until Ctrl-C")
     run.add_argument("--no-linger", action="store_true",
-                     help="with --dashboard: stop serving the page when the run ends")
+                     help="with --dashboard: stop serving the page when the run ends (it does anyway when "
+                          "not started at a terminal)")
     run.add_argument("--tensorboard", metavar="DIR", nargs="?", type=Path, const=True, default=None,
                      help="write TensorBoard scalars as rounds end (default DIR: OUT/tensorboard); "
                           "`tensorboard --logdir DIR` shows them while the run goes")
@@ -314,7 +315,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         live_view = all_of(views)
         _, code = run_scenario(args.scenario, args.out, overrides, progress=not args.no_progress,
                                timeout_s=args.timeout, force=args.force, resume=args.resume, live_view=live_view)
-        if args.dashboard is not None and not args.no_linger:
+        # Only at a terminal, where Ctrl-C ends it: started from a script (`&`, where SIGINT is
+        # ignored) the page would be served for ever after its run.
+        if args.dashboard is not None and not args.no_linger and sys.stdin.isatty():
             _serve_after_run(args.out, args.dashboard)
         return code
     if args.command == "dashboard":

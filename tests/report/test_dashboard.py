@@ -396,3 +396,23 @@ def test_a_run_with_churn_shows_who_ran_each_round_so_far(tmp_path: Path) -> Non
     assert membership["grid"] == [[1, 1, 1], [1, 0, 0], [0, 1, 1]] and membership["ids"] == ["node-0", "node-1", "node-2"]
     folder.scenario.write_text(json.dumps({"name": "t", "nodes": 3, "rounds": 4, "algorithm": {"name": "fedavg"}}))
     assert dashboard_state(tmp_path, now=110.0)["membership"] is None  # no churn, no panel
+
+
+@pytest.mark.slow
+def test_run_with_a_dashboard_ends_with_its_run_when_not_at_a_terminal(tmp_path: Path) -> None:
+    """Started from a script (no terminal, SIGINT ignored under `&`), `p2pfl run --dashboard`
+    stops serving when the run ends instead of serving for ever."""
+    pytest.importorskip("plotly")
+    import subprocess
+    import sys
+
+    from p2pfl.hosting.ports import free_ports
+    from tests.runtime.helpers import write_tiny
+
+    [port] = free_ports(1, "127.0.0.1")
+    scenario = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    done = subprocess.run([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(tmp_path / "run"),
+                           "--no-progress", "--dashboard", str(port)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "results.json").is_file()
