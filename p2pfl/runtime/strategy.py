@@ -198,6 +198,17 @@ class Strategy:
     def fit(self, ctx: RoundContext) -> FitResult:
         return ctx.trainer.fit(ctx.model, ctx.data.train)
 
+    def fit_config(self, ctx: RoundContext) -> Mapping[str, Any]:
+        """This round's local-training settings over the scenario's `[train]` (Flower's
+        `on_fit_config_fn`), as fields of `p2pfl.training.TrainConfig`: `{"lr": 0.01 * 0.95 **
+        (ctx.round - 1)}`, `{"epochs": 1 if ctx.round > 10 else 5}`. The round's record keeps them."""
+        return {}
+
+    def evaluate(self, ctx: RoundContext) -> Mapping[str, float]:
+        """Metrics of the node's model after aggregation (Flower's `evaluate_fn`, run by every node
+        on its own data), kept in the round's record under `metrics`."""
+        return {}
+
     def shared_meta(self, ctx: RoundContext) -> dict[str, Any]:
         """Metadata published with every part this round (the runtime adds `n_train`)."""
         return {}

@@ -65,6 +65,8 @@ class RoundRecord:
     peers_bounded_factor: Mapping[str, float] = field(default_factory=dict)
     aggregate_refused: str | None = None
     safeguard: Mapping[str, Any] = field(default_factory=dict)  # the safeguard's own keys, flat in the JSON
+    fit_config: Mapping[str, Any] = field(default_factory=dict)   # the strategy's training settings this round
+    metrics: Mapping[str, float] = field(default_factory=dict)    # the strategy's evaluation after aggregation
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -77,7 +79,8 @@ class RoundRecord:
         }
         optional = {"staleness": self.staleness, "neighbours": self.neighbours, "peers_refused": self.peers_refused,
                     "sat_out": self.sat_out,
-                    "peers_bounded": self.peers_bounded, "peers_bounded_factor": self.peers_bounded_factor}
+                    "peers_bounded": self.peers_bounded, "peers_bounded_factor": self.peers_bounded_factor,
+                    "fit_config": self.fit_config, "metrics": self.metrics}
         doc.update({k: (list(v) if k == "sat_out" else dict(v)) for k, v in optional.items() if v})
         if self.aggregate_refused is not None:
             doc["aggregate_refused"] = self.aggregate_refused

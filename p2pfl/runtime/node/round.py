@@ -8,14 +8,16 @@ driven without a node: give it a `RoundKit` built in code (`tests/runtime/node/t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
 from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.node.exchange import Exchange
@@ -31,6 +33,7 @@ from p2pfl.runtime.safeguard import Safeguard
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import PeerModel, RoundContext, Strategy, overrides
 from p2pfl.runtime.timing import PhaseClock
+from p2pfl.training.config import TrainConfig
 from p2pfl.training.trainer import FitResult
 
 
@@ -60,6 +63,8 @@ class Round:
         self.kit, self.r = kit, r
         self.checks = RoundChecks(r)
         self.clock: PhaseClock | None = None
+        self.fit_config: dict[str, Any] = {}  # the strategy's training settings for this round
+        self.metrics: dict[str, float] = {}   # the strategy's evaluation after aggregation
 
     def _begin(self, phase: str) -> float:
         kit = self.kit
@@ -128,7 +133,8 @@ class Round:
             staleness={m.sender: r - m.version for m in arrived if m.version < r},
             neighbours=kit.neighbours.changes(), peers_refused=dict(checks.refused), sat_out=sat_out,
             peers_bounded=dict(checks.bounded), peers_bounded_factor=dict(checks.bounded_factor),
-            aggregate_refused=aggregated.refused, safeguard=safeguard,
+            aggregate_refused=aggregated.refused, safeguard=safeguard, fit_config=self.fit_config,
+            metrics=self.metrics,
         )
         kit.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                      r, kit.settings.rounds, trained.scores.test_acc, aggregated.scored.scores.test_acc,
@@ -143,7 +149,14 @@ class Round:
         """The round's training, the privacy step on what it publishes, and that model's scores."""
         parts, clock, ctx = self.kit.parts, self.clock, self.kit.ctx
         assert clock is not None
-        fit = parts.strategy.fit(ctx)
+        base = parts.trainer.config
+        if overrides(parts.strategy, Strategy, "fit_config"):
+            self.fit_config = dict(parts.strategy.fit_config(ctx))
+            parts.trainer.config = round_config(base, self.fit_config, private=parts.privacy is not None)
+        try:
+            fit = parts.strategy.fit(ctx)
+        finally:
+            parts.trainer.config = base
         clock.switch("privacy")
         if parts.privacy is not None:
             parts.privacy.before_publish(parts.model, ctx.round_start)
@@ -169,7 +182,11 @@ class Round:
         if all(torch.equal(v, before[k]) for k, v in model.state_dict().items()):
             # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
             # no second pass over a test split that may hold a thousand samples.
+            if overrides(parts.strategy, Strategy, "evaluate"):
+                self.metrics = {k: float(v) for k, v in parts.strategy.evaluate(self.kit.ctx).items()}
             return Aggregated(refused, safeguard_record, Scored(trained, self.kit.scorer.deploy(trained)))
+        if overrides(parts.strategy, Strategy, "evaluate"):
+            self.metrics = {k: float(v) for k, v in parts.strategy.evaluate(self.kit.ctx).items()}
         return Aggregated(refused, safeguard_record, self.kit.scorer.scored())
 
     def refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
@@ -222,3 +239,19 @@ def _synchronizer(device: torch.device) -> Callable[[], None] | None:
     if device.type != "cuda":
         return None
     return lambda: torch.cuda.synchronize(device)
+
+
+def round_config(base: TrainConfig, settings: Mapping[str, Any], *, private: bool) -> TrainConfig:
+    """`base` with a strategy's settings for one round (`Strategy.fit_config`); a key that is not a
+    training setting, or a value `[train]` would refuse, is a ValueError naming it."""
+    allowed = {f.name for f in dataclasses.fields(TrainConfig)} - {"seed_offset"}
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise ValueError(f"fit_config returned {unknown}: a round's training settings are {sorted(allowed)}")
+    if private and {"epochs", "batch_size"} & set(settings):
+        raise ValueError("fit_config cannot change epochs or batch_size under privacy: the accountant counts the "
+                         "steps the scenario's [train] gives")
+    try:
+        return dataclasses.replace(base, **settings)
+    except ConfigError as exc:
+        raise ValueError(f"fit_config: {exc}") from None

@@ -74,3 +74,44 @@ def test_a_sat_out_round_is_the_same_record_type_with_empty_exchange_fields(tmp_
     assert not sat.participated and sat.train_steps == 0 and sat.asked == 0 and list(sat.arrived) == []
     # Nothing changed the model since the round taken part in: the same scores, not scored again.
     assert sat.test_acc == took.test_acc_aggregated
+
+
+def test_a_strategy_sets_each_rounds_training_and_evaluates_the_aggregate(tmp_path: Path) -> None:
+    """Flower's per-round hooks, on every node: `fit_config` sets a round's training (here the
+    learning rate decays and round 3 trains no epoch), `evaluate` scores the aggregate; the
+    round's record keeps both, and the scenario's settings are back after the round."""
+    import pytest
+
+    from p2pfl.runtime.node.round import round_config
+    from p2pfl.training.config import TrainConfig
+
+    from .kit import AskEveryone
+
+    seen: list[tuple[int, float, int]] = []
+
+    class Scheduled(AskEveryone):
+        def fit_config(self, ctx):  # type: ignore[no-untyped-def]
+            return {"lr": 0.1 * 0.5 ** (ctx.round - 1), "epochs": 0 if ctx.round == 3 else 1}
+
+        def fit(self, ctx):  # type: ignore[no-untyped-def]
+            seen.append((ctx.round, ctx.trainer.config.lr, ctx.trainer.config.epochs))
+            return super().fit(ctx)
+
+        def evaluate(self, ctx):  # type: ignore[no-untyped-def]
+            return {"val_acc_by_hook": ctx.trainer.evaluate(ctx.model, ctx.data.val)[0]}
+
+    a, b = code_nodes(tmp_path, 2, [[1], [0]], strategy=Scheduled(), fresh_strategy=Scheduled)
+    base = a.parts.trainer.config
+    records = rounds_of(a, b, 1, 2, 3)
+    assert seen == [(1, 0.1, 1), (2, 0.05, 1), (3, 0.025, 0)]
+    assert records[2].train_steps == 0 and records[0].train_steps > 0
+    assert [r.to_json()["fit_config"] for r in records] == [{"lr": 0.1, "epochs": 1}, {"lr": 0.05, "epochs": 1},
+                                                           {"lr": 0.025, "epochs": 0}]
+    assert all(0.0 <= r.to_json()["metrics"]["val_acc_by_hook"] <= 1.0 for r in records)
+    assert a.parts.trainer.config == base
+    with pytest.raises(ValueError, match=r"fit_config returned \['learning_rate'\]"):
+        round_config(TrainConfig(), {"learning_rate": 0.1}, private=False)
+    with pytest.raises(ValueError, match="under privacy"):
+        round_config(TrainConfig(), {"epochs": 2}, private=True)
+    with pytest.raises(ValueError, match="fit_config: .*train.epochs"):
+        round_config(TrainConfig(), {"epochs": -1}, private=False)
