@@ -289,13 +289,19 @@ def test_the_page_shows_a_running_federation_in_a_real_browser(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_run_with_a_dashboard_keeps_serving_the_finished_run_until_ctrl_c(tmp_path: Path) -> None:
+    """Started at a terminal (a pseudo-terminal here), the finished run's page stays up."""
+    import os
+    import pty
+
     from tests.runtime.helpers import write_tiny
 
     (port,) = free_ports(1, "127.0.0.1")
     scenario = write_tiny(tmp_path, nodes=2, rounds=2, samples=40)
+    terminal, seat = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(tmp_path / "run"),
-                             "--no-progress", "--dashboard", str(port)], stdout=subprocess.PIPE,
+                             "--no-progress", "--dashboard", str(port)], stdin=seat, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    os.close(seat)
     try:
         deadline = time.monotonic() + 240
         state: dict = {}
@@ -310,6 +316,7 @@ def test_run_with_a_dashboard_keeps_serving_the_finished_run_until_ctrl_c(tmp_pa
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
+    os.close(terminal)
     assert proc.returncode == 0, err  # Ctrl-C ended the serving, not the run: its status is kept
     assert "(Ctrl-C stops it)" in err and "dashboard stopped" in err
 
