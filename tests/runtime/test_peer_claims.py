@@ -77,8 +77,12 @@ def test_n_train_is_pinned_at_first_sight_and_capped() -> None:
 
 def test_finding_2_a_pushed_part_of_huge_finite_values_is_refused_and_named(tmp_path: Path) -> None:
     """3e38-valued parts with n_train = 10**6: before, aggregated, then NaN, then the node failed."""
+    import dataclasses
+
     peer_key = NodeKey.generate()
     node = _serving(tmp_path, peer_key)
+    # The cap on a claimed n_train is a deployment's defence (off in a simulation): on here, at 4x.
+    node.exchange.intake.settings = dataclasses.replace(node.exchange.intake.settings, max_weight_ratio=4.0)
     statuses: dict[str, int] = {}
     arrived: list = []
     huge = {k: torch.full_like(v, 3e38) for k, v in part_state(node.model, "body").items()}
@@ -124,7 +128,8 @@ def test_finding_2_a_nan_round_record_does_not_stop_the_checkpoint(tmp_path: Pat
 
 def _coordinator(tmp_path: Path):
     nodes, coordinator = build_in_process(write_tiny(tmp_path, nodes=4, rounds=3, samples=40,
-                                                     algorithm="fedavg_global"), tmp_path / "run")
+                                                     algorithm="fedavg_global"), tmp_path / "run",
+                                          ("runtime.max_weight_ratio=4",))  # a deployment's cap, on here
     assert coordinator is not None
     keys = {n.config.id: n.parts.key for n in nodes}
     roster = Roster({nid: k.public_hex for nid, k in keys.items()})
@@ -177,7 +182,7 @@ def test_claim_bounds_are_scenario_fields_with_clear_errors(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"runtime.max_weight_ratio: must be 0 \(no cap.*or a finite number >= 1"):
         scenario_from_dict({"runtime": {"max_weight_ratio": 0.5}})
     assert scenario_from_dict({"runtime": {"max_weight_ratio": 0}}).to_dict()["runtime"]["max_weight_ratio"] == 0
-    assert scenario_from_dict({}).to_dict()["runtime"]["max_weight_ratio"] == 4.0  # recorded at its default too
+    assert scenario_from_dict({}).to_dict()["runtime"]["max_weight_ratio"] == 0  # recorded at its default too
     assert "max_norm_ratio" not in scenario_from_dict({}).to_dict()["runtime"]  # old run folders still match
     assert scenario_from_dict({"runtime": {"max_norm_ratio": 50.0}}).to_dict()["runtime"]["max_norm_ratio"] == 50.0
     assert np.isfinite(scenario_from_dict({}).runtime.max_norm_ratio)

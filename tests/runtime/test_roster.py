@@ -148,7 +148,9 @@ def test_lan_writes_the_same_files_and_takes_set(tmp_path, capsys) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["node-0.key", "node-0.toml", "node-1.key", "node-1.toml",
                                                      "roster.toml", "scenario.toml"]  # self-contained
     config = load_node_config(out / "node-1.toml")
-    assert config.overrides == ("rounds=7",) and config.index == 1 and config.port == 9000
+    # A deployment turns the defences on that its scenario leaves at a simulation's default (off).
+    assert config.overrides == ("runtime.update_bound=1.0", "runtime.max_weight_ratio=4.0", "rounds=7")
+    assert config.index == 1 and config.port == 9000
     assert load_roster(out / "roster.toml").nodes["node-0"].url == "http://10.0.0.1:9000"
     assert main(["lan", str(scenario), "--hosts", "a:1,b:2", "--out", str(tmp_path / "x"), "--set", "rounds=-1"]) == 2
     assert "rounds" in capsys.readouterr().err

@@ -281,16 +281,18 @@ def test_update_bound_0_survives_the_run_folder_and_old_runs_count_as_unbounded(
     (tmp_path / "older.json").write_text(json.dumps(older))
     assert load_scenario(tmp_path / "older.json").runtime.update_bound == 0
     assert scenario_differences(older, scenario) == []
-    assert scenario_differences(older, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1))) == [
+    assert scenario_differences(older, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1),
+                                                     ["runtime.update_bound=1"])) == [
         "runtime.update_bound", "runtime.update_refuse"]
     # A bounded run made before refusals existed pulled every part back: it matches update_refuse = 0 only.
-    bounded = load_scenario(write_tiny(tmp_path, nodes=2, rounds=1), ["runtime.update_refuse=0"]).to_dict()
+    bounded = load_scenario(write_tiny(tmp_path, nodes=2, rounds=1),
+                            ["runtime.update_bound=1", "runtime.update_refuse=0"]).to_dict()
     assert bounded["runtime"]["update_refuse"] == 0
     del bounded["runtime"]["update_refuse"]
     assert scenario_differences(bounded, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1),
-                                                       ["runtime.update_refuse=0"])) == []
-    assert scenario_differences(bounded, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1))) == [
-        "runtime.update_refuse"]
+                                                       ["runtime.update_bound=1", "runtime.update_refuse=0"])) == []
+    assert scenario_differences(bounded, load_scenario(write_tiny(tmp_path, nodes=2, rounds=1),
+                                                       ["runtime.update_bound=1"])) == ["runtime.update_refuse"]
 
 
 def test_honest_peers_pulled_back_a_little_get_a_note_not_a_warning() -> None:
