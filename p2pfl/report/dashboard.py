@@ -12,6 +12,7 @@ told otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import statistics
@@ -216,9 +217,13 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     # A node that ended (isolated, failed, out of budget) has no rounds left to wait for.
     node_rounds_done = sum(rounds_total if n["status"] not in _RUNNING else n["round"] for n in nodes)
     node_rounds_total = len(nodes) * rounds_total
+    # The run's clock starts with its folder (scenario.json is written before any node starts),
+    # so start-up counts and the page says how long it has run before the first round ends.
     starts = [r["started_at"] for n in nodes for r in n["records"] if r["started_at"] is not None]
+    with contextlib.suppress(OSError):
+        starts.append(folder.scenario.stat().st_mtime)
     now = time.time() if now is None else now
-    elapsed = (now - min(starts)) if starts else None
+    elapsed = max(0.0, now - min(starts)) if starts else None
     wall = _finite(results.get("summary", {}).get("wall_s")) if done and isinstance(results.get("summary"), dict) \
         else None
     privacy = scenario.get("privacy") if isinstance(scenario.get("privacy"), dict) else {}
@@ -251,13 +256,19 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
 
 
 def is_compare_folder(folder: Path) -> bool:
-    return (folder / "compare.json").is_file() or any(folder.glob("*/seed*/scenario.json"))
+    return ((folder / "compare.json").is_file() or (folder / "plan.json").is_file()
+            or any(folder.glob("*/seed*/scenario.json")))
 
 
 def _compare_rows(folder: Path) -> dict[str, list[Path]]:
     if (folder / "compare.json").is_file():
         return compare_row_runs(folder)
-    # A compare still running writes compare.json at its end: its rows are the folders so far.
+    # A compare still running writes compare.json at its end: its rows are those it planned
+    # (plan.json, from compare's start), else the folders so far.
+    plan = _json_file(folder / "plan.json")
+    if isinstance(plan, dict) and isinstance(plan.get("runs"), dict):
+        return {str(label): [folder / str(run) for run in runs] for label, runs in plan["runs"].items()
+                if isinstance(runs, list)}
     rows: dict[str, list[Path]] = {}
     for scenario in sorted(folder.glob("*/seed*/scenario.json")):
         rows.setdefault(scenario.parent.parent.name, []).append(scenario.parent)
@@ -286,7 +297,7 @@ def compare_state(folder: Path) -> dict[str, Any]:
     rows = _compare_rows(folder)
     if not rows:
         return {"ready": False}
-    listing = _json_file(folder / "compare.json") or {}
+    listing = _json_file(folder / "compare.json") or _json_file(folder / "plan.json") or {}
     table, curves = [], {}
     for label, runs in rows.items():
         summaries = [s for s in ((_json_file(RunFolder(run).results) or {}).get("summary") for run in runs)
@@ -310,7 +321,7 @@ def compare_state(folder: Path) -> dict[str, Any]:
                 by_round.setdefault(r, []).append(v)
         curves[label] = [{"round": r, **band} for r in sorted(by_round)
                          if (band := _band(by_round[r])) is not None]
-    done = bool(listing) and all(row["seeds_done"] == row["seeds"] for row in table)
+    done = (folder / "compare.json").is_file() and all(row["seeds_done"] == row["seeds"] for row in table)
     return {"ready": True, "kind": "compare", "name": folder.name, "scenario": listing.get("scenario"),
             "overrides": listing.get("overrides") or [], "table": table, "curves": curves, "done": done}
 

@@ -232,6 +232,7 @@ def md_cell(text: str) -> str:
 
 
 PAIRED_KEYS = ("final", "final_aggregated")
+PLAN_FILE = "plan.json"  # the runs a compare call is making: row -> run folders (the dashboard's progress)
 
 
 def paired_table(rows: Mapping[str, Sequence[Mapping[str, Any]]], reference: str) -> dict[tuple[str, str], PairedDifference]:
@@ -566,6 +567,12 @@ def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Pat
     earlier = earlier_rows(out, scenario_path, seeds, [row.label for row in rows]) if reuse else {}
     made_with = earlier_overrides(out) if reuse else {}
     out.mkdir(parents=True, exist_ok=True)
+    # What this call will run, for a live view of the folder (compare.json comes at the end).
+    planned: dict[str, list[str]] = {}
+    for run_dir, (row, _, _, _) in plans.items():
+        planned.setdefault(row.label, []).append(str(run_dir.relative_to(out)))
+    (out / PLAN_FILE).write_text(json.dumps({"scenario": str(scenario_path), "overrides": list(overrides),
+                                             "runs": planned}, indent=1))
     runs: dict[str, list[dict[str, Any]]] = {}
     failures = 0
     for run_dir, (row, seed, scenario, stored) in plans.items():

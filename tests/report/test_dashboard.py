@@ -423,3 +423,24 @@ def test_run_with_a_dashboard_ends_with_its_run_when_not_at_a_terminal(tmp_path:
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "run" / "results.json").is_file()
+
+
+def test_the_clock_runs_from_the_folder_and_a_compare_counts_the_runs_it_planned(tmp_path: Path) -> None:
+    """Before any round ends the page says how long the run has gone (start-up included), and a
+    compare mid-way counts every run it will make, not only the folders made so far."""
+    folder = RunFolder(tmp_path / "run")
+    (tmp_path / "run" / "nodes").mkdir(parents=True)
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 3, "algorithm": {"name": "fedavg"}}))
+    started = folder.scenario.stat().st_mtime
+    state = dashboard_state(tmp_path / "run", now=started + 12.0)
+    assert state["progress"]["elapsed_s"] == pytest.approx(12.0) and state["progress"]["done"] == 0
+
+    out = tmp_path / "cmp"
+    for row in ("local", "fedavg"):
+        (out / row / "seed0").mkdir(parents=True)
+    (out / "plan.json").write_text(json.dumps({"scenario": "s.toml", "overrides": [], "runs": {
+        "local": ["local/seed0", "local/seed1", "local/seed2"], "fedavg": ["fedavg/seed0", "fedavg/seed1", "fedavg/seed2"]}}))
+    (out / "local" / "seed0" / "results.json").write_text(json.dumps({"summary": {"mean_acc": 0.5, "wall_s": 1.0}}))
+    compare = folder_state(out)
+    assert [(r["row"], r["seeds_done"], r["seeds"]) for r in compare["table"]] == [("local", 1, 3), ("fedavg", 0, 3)]
+    assert compare["done"] is False
