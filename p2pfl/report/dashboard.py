@@ -49,6 +49,7 @@ LOG_NODES = 50
 STATE_REUSE = 4.0  # a state is served again until it is this many times its reading time old
 _LOG_TAIL_BYTES = 16_384
 _RUNNING = ("running", "starting")
+ELSEWHERE = "on another host"  # a LAN node's folder: a node it holds nothing of
 INSTALL_HINT = "the dashboard draws with Plotly: pip install 'p2pfl-influence[dashboard]'"
 
 
@@ -208,15 +209,23 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "error": str(error) if error else None, "last": records[-1] if records else None,
             "mib_received": sum(r["mib_received"] for r in records), "records": records,
         })
+    results_doc = _json_file(folder.results)
+    if results_doc is None and any(_json_file(folder.node_result(n["id"])) for n in nodes):
+        # A LAN node's folder holds its own node's files only: the nodes that left no trace here
+        # (no round, no result, no log of their own) run on other hosts; nothing to wait for here.
+        for node in nodes:
+            if node["status"] == "starting" and not folder.log(node["id"]).is_file():
+                node["status"] = ELSEWHERE
     ended_badly = [n for n in nodes if n["error"] or n["status"] in ("failed", "isolated", "stopped")]
     shown = ended_badly + [n for n in nodes if n not in ended_badly][:max(0, LOG_NODES - len(ended_badly))]
     for node in shown:
         node["log"] = log_tail(folder.log(node["id"]))
-    results = _json_file(folder.results)
-    done = results is not None
+    results = results_doc
+    here = [n for n in nodes if n["status"] != ELSEWHERE]
+    done = results is not None or (len(here) < len(nodes) and all(n["status"] not in _RUNNING for n in here))
     # A node that ended (isolated, failed, out of budget) has no rounds left to wait for.
-    node_rounds_done = sum(rounds_total if n["status"] not in _RUNNING else n["round"] for n in nodes)
-    node_rounds_total = len(nodes) * rounds_total
+    node_rounds_done = sum(rounds_total if n["status"] not in _RUNNING else n["round"] for n in here)
+    node_rounds_total = len(here) * rounds_total
     # The run's clock starts with its folder (scenario.json is written before any node starts),
     # so start-up counts and the page says how long it has run before the first round ends.
     starts = [r["started_at"] for n in nodes for r in n["records"] if r["started_at"] is not None]
@@ -224,11 +233,14 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         starts.append(folder.scenario.stat().st_mtime)
     now = time.time() if now is None else now
     elapsed = max(0.0, now - min(starts)) if starts else None
-    wall = _finite(results.get("summary", {}).get("wall_s")) if done and isinstance(results.get("summary"), dict) \
+    wall = _finite(results.get("summary", {}).get("wall_s")) if results is not None and isinstance(results.get("summary"), dict) \
         else None
+    if wall is None and done:  # a LAN node's folder: its own nodes' time
+        walls = [_finite((_json_file(folder.node_result(n["id"])) or {}).get("wall_s")) for n in here]
+        wall = max((w for w in walls if w is not None), default=None)
     privacy = scenario.get("privacy") if isinstance(scenario.get("privacy"), dict) else {}
     summary_lines: list[str] = []
-    if done:
+    if results is not None:
         try:  # what `p2pfl run` printed under its node table: the summary line and any warnings
             printed = format_summary(results).splitlines()
             summary_lines = [line for line in printed[max(i for i, line in enumerate(printed) if set(line) == {"-"}) + 1:]
@@ -248,7 +260,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "rounds": rounds_total, "nodes": nodes, "phases": list(PHASES), "per_node": per_node,
         "heatmaps": _heatmaps(run_dir, ids), "curves": curves, "round_time": round_time, "membership": membership,
         "progress": {"done": node_rounds_done, "total": node_rounds_total,
-                     "elapsed_s": wall if done else elapsed,
+                     "elapsed_s": wall if wall is not None else elapsed,
                      "eta_s": 0.0 if done else estimate_eta(node_rounds_done, node_rounds_total, elapsed)},
         "privacy": {"mode": str(privacy.get("mode", "none"))},
         "summary_lines": summary_lines, "done": done,

@@ -444,3 +444,19 @@ def test_the_clock_runs_from_the_folder_and_a_compare_counts_the_runs_it_planned
     compare = folder_state(out)
     assert [(r["row"], r["seeds_done"], r["seeds"]) for r in compare["table"]] == [("local", 1, 3), ("fedavg", 0, 3)]
     assert compare["done"] is False
+
+
+def test_a_lan_nodes_finished_folder_is_finished_and_waits_for_no_other_host(tmp_path: Path) -> None:
+    """`p2pfl node` on one host writes its own node's files only: the other nodes are on other
+    hosts, not "starting", and the folder's run is over when its node's is."""
+    folder = RunFolder(tmp_path)
+    (tmp_path / "nodes").mkdir()
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 3, "rounds": 2, "algorithm": {"name": "fedavg"}}))
+    for r in (1, 2):
+        folder.append_round("node-1", {"round": r, "test_acc": 0.5, "started_at": time.time()})
+    folder.node_result("node-1").write_text(json.dumps({"id": "node-1", "status": "ok", "wall_s": 42.0,
+                                                         "rounds": [{"round": 1}, {"round": 2}]}))
+    state = dashboard_state(tmp_path)
+    assert [n["status"] for n in state["nodes"]] == ["on another host", "ok", "on another host"]
+    assert state["done"] and state["progress"]["elapsed_s"] == 42.0
+    assert state["progress"]["done"] == state["progress"]["total"] == 2
