@@ -123,9 +123,17 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
         )
     bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
                unit="node-round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    bar.set_postfix_str("starting the nodes")
+    start_clock = time.perf_counter()
+
+    def advance(done: int) -> None:
+        if bar.n == 0 and done > 0:  # the first round of a node ended: start-up is over
+            bar.set_postfix_str(f"start-up {time.perf_counter() - start_clock:.1f} s", refresh=False)
+        bar.update(max(0, done - bar.n))
+
     kill_hosts: Callable[[], None] = lambda: None
     try:
-        hosts, kill_hosts = await hosting.start(out, node_paths, resume, lambda done: bar.update(max(0, done - bar.n)))
+        hosts, kill_hosts = await hosting.start(out, node_paths, resume, advance)
         tasks = {name: asyncio.ensure_future(run) for name, (_, run) in hosts.items()}
         coordinator_task = None if coordinator is None else asyncio.ensure_future(coordinator.wait())
         loop = asyncio.get_running_loop()
@@ -237,7 +245,7 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
                quiet: bool = False, force: bool = False, resume: bool = False,
                live_view: LiveView | None = None) -> tuple[dict[str, Any], int]:
     out = Path(out)
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     if scenario.runtime.transport == "loopback" and uses_coordinator(scenario):
         raise ConfigError("runtime.transport", f"{scenario.algorithm.name} runs a coordinator, which is a process of "
                                                "its own: loopback cannot reach it; use \"http\"")
@@ -275,7 +283,8 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         if RunFolder(out).scenario.is_file():
             _write_stopped_results(scenario, out, time.perf_counter() - started, partition.ground_truth())
         raise
-    results = write_results(scenario, out, codes, time.perf_counter() - started, partition.ground_truth())
+    results = write_results(scenario, out, codes, time.perf_counter() - started, partition.ground_truth(),
+                            started_at=started_at)
     if not quiet:
         print(format_summary(results))
         print(f"results: {RunFolder(out).results}")

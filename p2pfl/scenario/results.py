@@ -294,13 +294,18 @@ def scenario_data_fingerprint(scenario: Any) -> dict[str, str]:
 
 
 def write_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_s: float,
-                  ground_truth: Mapping[str, Any]) -> dict[str, Any]:
+                  ground_truth: Mapping[str, Any], *, started_at: float | None = None) -> dict[str, Any]:
     """`results.json` of the run in `out`, written whole, the same for every placement, a stopped
     run and a LAN run's merge: `build_results` with the data fingerprint and relevance scores."""
     from p2pfl.scenario.relevance import score_run
 
     results = build_results(scenario, out, exit_codes, wall_s, ground_truth)
     results["data_fingerprint"] = scenario_data_fingerprint(scenario)
+    if started_at is not None:  # how long the nodes took to start: until the first one began round 1
+        firsts = [n["rounds"][0]["started_at"] for n in results["nodes"]
+                  if n.get("rounds") and isinstance(n["rounds"][0].get("started_at"), (int, float))]
+        if firsts:
+            results["summary"]["startup_s"] = max(0.0, min(firsts) - started_at)
     scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
     if scores is not None:
         results["relevance_scores"] = scores
@@ -381,7 +386,9 @@ def format_summary(results: Mapping[str, Any]) -> str:
         f"{' + '.join([results['algorithm'], *active_defences(results.get('scenario') or {})])}: "
         f"mean acc {_pct(s['mean_acc'])} % (std {_pct(s['std_acc'])}), weighted {_pct(s['weighted_acc'])} %, "
         f"after aggregation {_pct(s.get('mean_acc_aggregated'))} %, epsilon {_fmt(s.get('max_epsilon'), '.2f')}, "
-        f"bytes {human_bytes(s['total_bytes'])}, wall {s['wall_s']:.1f} s, compute fraction {_fmt(s.get('compute_fraction'), '.2f')}"
+        f"bytes {human_bytes(s['total_bytes'])}, wall {s['wall_s']:.1f} s"
+        + (f" (start-up {s['startup_s']:.1f} s)" if isinstance(s.get("startup_s"), (int, float)) else "")
+        + f", compute fraction {_fmt(s.get('compute_fraction'), '.2f')}"
     )
     if "held_out_acc" in s:
         lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")

@@ -128,3 +128,13 @@ def test_fedavg_by_default_is_the_sample_weighted_mean_of_the_trained_models(tmp
             if v.is_floating_point():
                 by_hand = sum(sizes[i] * trained[i][k].double() for i in sizes) / total
                 torch.testing.assert_close(v.double(), by_hand, rtol=1e-5, atol=1e-6)
+
+
+def test_the_summary_gives_the_start_up(fedavg_run):
+    """Start-up, from the launcher's start to the first node's first round, is its own number."""
+    from p2pfl.scenario.results import format_summary
+
+    _, results, _ = fedavg_run
+    startup = results["summary"]["startup_s"]
+    assert 0.0 <= startup < results["summary"]["wall_s"]
+    assert f"(start-up {startup:.1f} s)" in format_summary(results)
