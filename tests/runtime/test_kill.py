@@ -141,3 +141,43 @@ def test_a_stopped_run_says_one_line_and_no_traceback(tmp_path, how):
     assert launcher.returncode == (130 if how == "ctrl-c" else 143), err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and f"--out {out} --resume" in lines[0], err[-3000:]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stopped_node_and_dashboard_say_one_line_and_no_traceback(tmp_path, sig):
+    """`p2pfl node` (a LAN host's node) and `p2pfl dashboard`, stopped by either signal."""
+    import signal
+    import time
+
+    from p2pfl.hosting.ports import free_ports
+    from p2pfl.scenario.launcher import write_run_folder
+    from p2pfl.scenario.schema import load_scenario
+
+    signum = getattr(signal, sig)
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, rounds=5000, samples=40, timeout=5.0))
+    out = tmp_path / "run"
+    paths, _ = write_run_folder(scenario, out)
+    nodes = [subprocess.Popen([sys.executable, "-m", "p2pfl", "node", str(p)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for p in paths]
+    [port] = free_ports(1, "127.0.0.1")
+    dashboard = subprocess.Popen([sys.executable, "-m", "p2pfl", "dashboard", str(out), "--port", str(port)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        rounds_file = out / "nodes" / "node-0.rounds.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (rounds_file.is_file() and rounds_file.read_text().count("\n") >= 2):
+            time.sleep(0.1)
+        assert nodes[0].poll() is None and dashboard.poll() is None
+        nodes[0].send_signal(signum)
+        dashboard.send_signal(signum)
+        _, node_err = nodes[0].communicate(timeout=60)
+        _, dashboard_err = dashboard.communicate(timeout=60)
+    finally:
+        for proc in [*nodes, dashboard]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert "Traceback" not in node_err and "Traceback" not in dashboard_err, node_err[-2000:] + dashboard_err[-2000:]
+    assert [line for line in node_err.splitlines() if "interrupted" in line or "stopped" in line][-1:], node_err[-1000:]
+    said = [line for line in dashboard_err.splitlines() if line.strip() and not line.startswith("dashboard of ")]
+    assert len(said) == 1 and said[0] in ("interrupted", "stopped by SIGTERM"), dashboard_err
