@@ -188,10 +188,13 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     ids = node_ids(scenario["nodes"])
     rounds_total = scenario["rounds"]
     nodes = []
+    ended_walls: dict[str, float | None] = {}  # the nodes that wrote a result: their wall
     per_node = len(ids) <= PER_NODE_MAX
     for nid in ids:
         rounds = _rounds(folder.node_rounds(nid))
         result = _json_file(folder.node_result(nid))
+        if result:
+            ended_walls[nid] = _finite(result.get("wall_s"))
         if not rounds and result:  # a node that kept no round log (a run from before it, or a Ray worker's)
             rounds = [r for r in result.get("rounds") or [] if isinstance(r, dict) and type(r.get("round")) is int]
         status = str(result.get("status")) if result else ("running" if rounds else "starting")
@@ -210,7 +213,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "mib_received": sum(r["mib_received"] for r in records), "records": records,
         })
     results_doc = _json_file(folder.results)
-    if results_doc is None and any(_json_file(folder.node_result(n["id"])) for n in nodes):
+    if results_doc is None and ended_walls:
         # A LAN node's folder holds its own node's files only: the nodes that left no trace here
         # (no round, no result, no log of their own) run on other hosts; nothing to wait for here.
         for node in nodes:
@@ -236,7 +239,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     wall = _finite(results.get("summary", {}).get("wall_s")) if results is not None and isinstance(results.get("summary"), dict) \
         else None
     if wall is None and done:  # a LAN node's folder: its own nodes' time
-        walls = [_finite((_json_file(folder.node_result(n["id"])) or {}).get("wall_s")) for n in here]
+        walls = [ended_walls.get(n["id"]) for n in here]
         wall = max((w for w in walls if w is not None), default=None)
     privacy = scenario.get("privacy") if isinstance(scenario.get("privacy"), dict) else {}
     summary_lines: list[str] = []

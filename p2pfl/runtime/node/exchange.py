@@ -24,6 +24,7 @@ from p2pfl.runtime.run_folder import ArtefactSink
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy, overrides, setup_part
 from p2pfl.runtime.transport import Transport
+from p2pfl.wire import Message
 
 
 class Exchange:
@@ -35,6 +36,21 @@ class Exchange:
     async def publish(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         """Serve `parts` (host snapshots) as this node's version `round_`, with the strategy's metadata."""
         await self.transport.publish(round_, round_, parts, self.round_meta(round_))
+
+    async def first_served(self, peers: Sequence[str], part: str, at_least: int, wait: float) -> Message | None:
+        """The first answer among `peers` for `part` at version `at_least` or later, each read
+        waiting up to `wait` on its server; None when none answered (one try each)."""
+        pending = {asyncio.ensure_future(self.transport.fetch(p, part, at_least, wait)) for p in peers}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                answers = [m for m in (t.result() for t in done) if m is not None]
+                if answers:
+                    return max(answers, key=lambda m: m.header.version)
+            return None
+        finally:
+            for task in pending:
+                task.cancel()
 
     def round_meta(self, round_: int) -> dict[str, Any]:
         """What a round's parts carry besides tensors: `n_train`, the strategy's metadata, and the
@@ -199,18 +215,5 @@ class SetupExchange:
     def first(self, step: int, part: str, peers: Sequence[str]) -> PeerModel | None:
         """The first of `peers` to serve `part` at `step` or later, within this exchange's wait
         (fetch_timeout_s for a late node: what it needs was served long ago; None: none did)."""
-        async def first_answer() -> PeerModel | None:
-            transport, wait = self.exchange.transport, self.wait
-            pending = {asyncio.ensure_future(transport.fetch(p, setup_part(part), step, wait)) for p in peers}
-            try:
-                while pending:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for message in (t.result() for t in done):
-                        if message is not None:
-                            return self.exchange.intake.peer_model(message, RoundChecks(0))
-                return None
-            finally:
-                for task in pending:
-                    task.cancel()
-
-        return self._run(first_answer())
+        message = self._run(self.exchange.first_served(peers, setup_part(part), step, self.wait))
+        return None if message is None else self.exchange.intake.peer_model(message, RoundChecks(0))

@@ -49,17 +49,9 @@ class Membership:
         deadline = loop.time() + self.settings.setup_wait_s
         pause = RETRY_S[0]
         while loop.time() < deadline:
-            pending = {asyncio.ensure_future(self.transport.fetch(p, part, at_least, deadline - loop.time()))
-                       for p in sources}
-            try:
-                while pending:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    answers = [m for m in (t.result() for t in done) if m is not None]
-                    if answers:
-                        return max(answers, key=lambda m: m.header.version)
-            finally:
-                for task in pending:
-                    task.cancel()
+            message = await self.exchange.first_served(sources, part, at_least, deadline - loop.time())
+            if message is not None:
+                return message
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0)))  # none up: crashed, or not yet
             pause = min(pause * 2, RETRY_S[1])
         raise NoFederation(f"none of {sorted(sources)} served round {at_least} within "

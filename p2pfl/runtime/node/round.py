@@ -179,14 +179,12 @@ class Round:
             safeguard_record = parts.safeguard.after_aggregate(
                 model, before, lambda m: parts.trainer.evaluate(m, parts.data.val))
         clock.switch("evaluate")
+        if overrides(parts.strategy, Strategy, "evaluate"):
+            self.metrics = {k: float(v) for k, v in parts.strategy.evaluate(self.kit.ctx).items()}
         if all(torch.equal(v, before[k]) for k, v in model.state_dict().items()):
             # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
             # no second pass over a test split that may hold a thousand samples.
-            if overrides(parts.strategy, Strategy, "evaluate"):
-                self.metrics = {k: float(v) for k, v in parts.strategy.evaluate(self.kit.ctx).items()}
             return Aggregated(refused, safeguard_record, Scored(trained, self.kit.scorer.deploy(trained)))
-        if overrides(parts.strategy, Strategy, "evaluate"):
-            self.metrics = {k: float(v) for k, v in parts.strategy.evaluate(self.kit.ctx).items()}
         return Aggregated(refused, safeguard_record, self.kit.scorer.scored())
 
     def refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
