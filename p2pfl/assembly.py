@@ -104,8 +104,8 @@ def node_seed(scenario_seed: int, index: int) -> int:
     return scenario_seed * 100_003 + index
 
 
-def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False, join: bool = False,
-                  on_round: RoundCallback | None = None) -> Node:
+def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False,
+                  together: bool = False, join: bool = False, on_round: RoundCallback | None = None) -> Node:
     sc = scenario or load_scenario(config.scenario, config.overrides)
     if not 0 <= config.index < sc.nodes:
         raise ValueError(f"node index {config.index} outside the scenario's {sc.nodes} nodes")
@@ -156,7 +156,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         safeguard=safeguard, peer_rounds=peer_rounds, script=scripts[config.index],
         joins_late=frozenset(ids[j] for j in range(sc.nodes) if scripts[j].late),
     )
-    return Node(config, node_settings(sc), parts, resume=resume, join=join, on_round=on_round)
+    return Node(config, node_settings(sc), parts, resume=resume, together=together, join=join, on_round=on_round)
 
 
 def neighbour_rounds(sc: Scenario, indices: Sequence[int], scripts: Sequence[NodeScript]) -> dict[str, frozenset[int]]:
@@ -192,10 +192,10 @@ def node_settings(sc: Scenario) -> NodeSettings:
 HEAP_RELEASE_EVERY_S = 1.0
 
 
-async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, join: bool = False,
-                     on_round: RoundCallback | None = None) -> list[dict[str, Any]]:
+async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, together: bool = False,
+                     join: bool = False, on_round: RoundCallback | None = None) -> list[dict[str, Any]]:
     """Build and run every node of `configs` on this event loop; each node's result goes into
-    its run folder as it ends. Their results, in order."""
+    its run folder as it ends. Their results, in order. `resume`, `together`, `join`: as `Node`'s."""
     # The nodes of one worker share a scenario file: parsed once, not once per node.
     scenarios: dict[tuple[Path, tuple[str, ...]], Scenario] = {}
     for c in configs:
@@ -214,8 +214,8 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, joi
             if on_round is not None:
                 on_round(record)
 
-        node = assemble_node(config, scenarios[(config.scenario, tuple(config.overrides))], resume=resume, join=join,
-                             on_round=recorded)
+        node = assemble_node(config, scenarios[(config.scenario, tuple(config.overrides))], resume=resume,
+                             together=together, join=join, on_round=recorded)
         node.prepare()
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
@@ -248,30 +248,31 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, joi
         await asyncio.gather(*periodic, return_exceptions=True)
 
 
-def run_worker(config_paths: Sequence[Path], resume: bool = False) -> int:
+def run_worker(config_paths: Sequence[Path], resume: bool = False, together: bool = False) -> int:
     """Run every node of `config_paths` in this process; exit status 1 if any of them failed."""
     logs.configure()
     raise_open_file_limit()
-    return exit_status(_hosting([load_node_config(p) for p in config_paths], resume))
+    return exit_status(_hosting([load_node_config(p) for p in config_paths], resume, together))
 
 
-def run_node(config: NodeConfig, resume: bool = False, join: bool = False) -> int:
+def run_node(config: NodeConfig, resume: bool = False, together: bool = False, join: bool = False) -> int:
     logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
-    [result] = _hosting([config], resume, join)
+    [result] = _hosting([config], resume, together, join)
     if result.get("rounds") is not None:
         print(f"{config.id}: {result['status']}, final accuracy {result.get('final_test_acc')}; "
               f"result in {RunFolder(config.out).node_result(config.id)}", file=sys.stderr)
     return exit_status([result])
 
 
-def _hosting(configs: Sequence[NodeConfig], resume: bool, join: bool = False) -> list[dict[str, Any]]:
+def _hosting(configs: Sequence[NodeConfig], resume: bool, together: bool = False,
+             join: bool = False) -> list[dict[str, Any]]:
     """Run the nodes; a port already taken is one line and exit 2 (an empty result), not a traceback."""
     try:
         # Machine lines for whoever reads this process's stdout (the launcher, a pipe); a person
         # at a terminal reads the per-round log lines instead.
         on_round: RoundCallback | None = None if sys.stdout.isatty() else (
             print_progress if len(configs) == 1 else BatchedProgress(sys.stdout))
-        return asyncio.run(host_nodes(configs, resume=resume, join=join, on_round=on_round))
+        return asyncio.run(host_nodes(configs, resume=resume, together=together, join=join, on_round=on_round))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the run: the checkpoints keep the rounds done
         logging.getLogger("p2pfl").warning("interrupted; rounds finished so far are checkpointed (--resume)")
         return [{"status": "interrupted"} for _ in configs]

@@ -20,6 +20,8 @@ EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C
 NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # what a key file may be named after
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a command stopped by `kill`
+TOGETHER_HELP = ("with --resume: every node of the federation resumes now (as `p2pfl run --resume` starts them): "
+                 "replay from the checkpoint's round rather than rejoin where the neighbours' checkpoints are")
 
 
 class Terminated(KeyboardInterrupt):
@@ -78,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser("node", help="run one node from a node config (LAN deployment)")
     node.add_argument("config", type=Path)
-    node.add_argument("--resume", action="store_true", help="continue from the node's last checkpoint")
+    node.add_argument("--resume", action="store_true",
+                      help="continue from the node's last checkpoint, in the round its neighbours are in if they "
+                           "went on without it")
+    node.add_argument("--together", action="store_true", help=TOGETHER_HELP)
     node.add_argument("--join", action="store_true",
                       help="join a federation that is already running: start from a neighbour's newest model, in "
                            "the round the neighbours are in")
@@ -87,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run several nodes in this process (placement = \"shared\")")
     worker.add_argument("configs", type=Path, nargs="+")
     worker.add_argument("--resume", action="store_true", help="continue every node from its last checkpoint")
+    worker.add_argument("--together", action="store_true", help=TOGETHER_HELP)
     _add_log_level(worker)
 
     coord = sub.add_parser("coordinator", help="run the optional coordinator from its config")
@@ -335,11 +341,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.join and args.resume:
             raise ConfigError("--join", "--resume goes on from this node's own checkpoint, --join from a neighbour's "
                                         "model; pass one of them")
-        return run_node(load_node_config(args.config), resume=args.resume, join=args.join)
+        if args.together and not args.resume:
+            raise ConfigError("--together", "it says how a --resume goes on; pass --resume with it")
+        return run_node(load_node_config(args.config), resume=args.resume, together=args.together, join=args.join)
     if args.command == "worker":
         from p2pfl.assembly import run_worker
 
-        return run_worker(args.configs, resume=args.resume)
+        if args.together and not args.resume:
+            raise ConfigError("--together", "it says how a --resume goes on; pass --resume with it")
+        return run_worker(args.configs, resume=args.resume, together=args.together)
     if args.command == "coordinator":
         from p2pfl.coordinator.service import run_coordinator
         from p2pfl.runtime.config import load_node_config

@@ -18,6 +18,9 @@ from typing import Protocol
 
 Hosts = dict[str, tuple[list[str], Awaitable[dict[str, int]]]]  # host name -> its node ids, and their exit statuses
 Progress = Callable[[int], None]  # rounds finished so far over every node of the run
+# A run resumed by the launcher resumes every node at once: each replays from its own checkpoint,
+# even where a neighbour's (synced later, as on Ray) holds a later round.
+RESUME_TOGETHER = ["--resume", "--together"]
 
 
 class Hosting(Protocol):

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from p2pfl.hosting import Hosts, Progress
+from p2pfl.hosting import RESUME_TOGETHER, Hosts, Progress
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import PROGRESS_PREFIX
 
@@ -93,7 +93,7 @@ class ProcessHosting:
 
         for name, paths in self.plan(node_paths).items():
             command = "node" if len(paths) == 1 and name == paths[0].stem else "worker"
-            args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + (["--resume"] if resume else [])
+            args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + RESUME_TOGETHER * resume
             procs[name] = await spawn(args, RunFolder(out).log(name), self.torch_threads)
             nodes = [p.stem for p in paths]
             hosts[name] = (nodes, follow(procs[name], nodes, tick))

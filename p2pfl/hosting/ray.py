@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from p2pfl.errors import ConfigError
-from p2pfl.hosting import Hosts, Progress
+from p2pfl.hosting import RESUME_TOGETHER, Hosts, Progress
 from p2pfl.hosting.ports import free_ports
 from p2pfl.runtime.peers import COORDINATOR_ID
 from p2pfl.runtime.run_folder import RunFolder
@@ -127,7 +127,7 @@ class NodeWorker:
         paths = [folder.node_config(nid) for nid in node_ids]
         for path in paths:
             _relocate(load_node_config(path), self.folder).save(path)
-        args = [sys.executable, "-m", "p2pfl", "worker", *map(str, paths)] + (["--resume"] if resume else [])
+        args = [sys.executable, "-m", "p2pfl", "worker", *map(str, paths)] + RESUME_TOGETHER * resume
         proc = await spawn(args, folder.log(self.name), self.torch_threads, die_with_parent=True)
         code = await exit_after_progress(proc, self._round_done)
         # Scenario, configs and keys are never sent back; a resumed node's own state is, as it changed.

@@ -372,3 +372,33 @@ def test_a_strategy_state_may_hold_tensors_and_nothing_unserialisable(tmp_path: 
     assert original.parts.strategy.momentum  # aggregated with it, so there is momentum to restore
     for k, v in original.parts.strategy.momentum.items():
         assert torch.equal(clone.parts.strategy.momentum[k], v), k
+
+
+def test_a_run_resumed_together_replays_from_each_checkpoint_however_far_apart(tmp_path: Path, monkeypatch) -> None:
+    """Checkpoints of one run can stand rounds apart (on Ray a host's files come back with its
+    progress poll: node-0's two rounds behind its neighbours'). `p2pfl run --resume` starts every
+    node at once (`together`): each replays from its own checkpoint and no round is lost, where a
+    node resumed alone would take its neighbours' round as the federation having gone on without
+    it (test_a_sigkilled_node_costs_no_timeout_and_rejoins_the_round_its_peers_are_in)."""
+    rounds, kept = 6, {"node-0": 2, "node-1": 4, "node-2": 4}
+    original = Node.write_checkpoint
+
+    def lagging(self: Node, durable: bool = True) -> None:
+        if len(self.rounds) <= kept[self.config.id]:
+            original(self, durable)
+
+    monkeypatch.setattr(Node, "write_checkpoint", lagging)
+    path = write_tiny(tmp_path, nodes=3, rounds=rounds, samples=40, timeout=30.0)
+    nodes, _ = build_in_process(path, tmp_path / "run")
+    first, _, _ = run_in_process(nodes, None)
+    assert [r["status"] for r in first] == ["ok"] * 3
+    monkeypatch.setattr(Node, "write_checkpoint", original)
+    again = [assemble_node(n.config, scenario_of(n), resume=True, together=True) for n in nodes]
+    results, _, _ = run_in_process(again, None)
+    assert all(r["status"] == "ok" for r in results), [(r["id"], r.get("error")) for r in results]
+    for result in results:
+        assert [r["round"] for r in result["rounds"]] == list(range(1, rounds + 1)), result["id"]
+        assert not [e for e in result.get("membership", []) if e["event"] == "restarted"]
+    node_0 = results[0]["rounds"]
+    assert node_0[:2] == first[0]["rounds"][:2]  # its checkpoint's rounds, as they were
+    assert all(r["arrived"] for r in node_0[2:])  # the neighbours' later versions served its replayed rounds

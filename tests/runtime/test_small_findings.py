@@ -84,6 +84,12 @@ def test_a_resume_without_a_checkpoint_fails_at_once_and_writes_none(tmp_path: P
     assert not resumed.state.path.exists()
 
 
+@pytest.mark.parametrize("command", ["node", "worker"])
+def test_together_without_resume_is_named(tmp_path: Path, command: str, capsys) -> None:
+    assert main([command, str(tmp_path / "node-0.toml"), "--together"]) == 2
+    assert "error in --together:" in capsys.readouterr().err
+
+
 def test_a_busy_dashboard_port_is_a_config_error_not_a_traceback(tmp_path: Path, capsys) -> None:
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))

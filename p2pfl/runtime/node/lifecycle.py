@@ -45,13 +45,17 @@ class Node:
     """
 
     def __init__(self, config: NodeConfig, settings: NodeSettings, parts: NodeParts, *, resume: bool = False,
-                 join: bool = False, on_round: RoundCallback | None = None) -> None:
-        """`resume`: go on from this node's checkpoint; `join`: from a neighbour's newest model, in the
-        round the neighbours are in (a node started while the federation runs; `p2pfl node --join`)."""
+                 together: bool = False, join: bool = False, on_round: RoundCallback | None = None) -> None:
+        """`resume`: go on from this node's checkpoint, in the round its neighbours are in if they went
+        on without it; with `together` the whole federation resumes at once (`p2pfl run --resume`) and
+        it replays from its checkpoint's round, whatever round its neighbours' checkpoints hold.
+        `join`: from a neighbour's newest model, in the round the neighbours are in (a node started
+        while the federation runs; `p2pfl node --join`)."""
         if resume and join:
             raise ValueError("a node either resumes from its checkpoint or joins from a neighbour's model, not both")
         self.config, self.settings, self.parts = config, settings, parts
         self.arrival = "resume" if resume else "join" if join else "fresh"
+        self.rejoins = resume and not together
         self.on_round = on_round or (lambda _: None)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
         self.stage = Stage.BUILT
@@ -214,6 +218,7 @@ class Node:
                     self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
             if self.arrival == "resume":
                 await self.exchange.republish(self.ctx.round)
+            if self.rejoins:
                 first = await self.membership.rejoin(first - 1)
                 self._skip_draws(self.ctx.round + 1, first)
             if self.stage < Stage.SET_UP:  # else restored from a checkpoint taken after it

@@ -63,9 +63,9 @@ class Membership:
         return max((int(s.get("round", 0)) for s in statuses if s and not s.get("done")), default=0)
 
     async def rejoin(self, restored: int) -> int:
-        """A node resumed from its checkpoint after round `restored`: the round it goes on with. Its
-        neighbours' round when they are two or more rounds past it (it was down while they went
-        on), else the next one (a whole run resumed together replays as it ran)."""
+        """A node resumed alone from its checkpoint after round `restored`: the round it goes on
+        with. Its neighbours' round when they are two or more rounds past it (it was down while
+        they went on), else the next one. (A whole run resumed together never asks: it replays.)"""
         now = await self.furthest()
         if now < restored + 2:
             return restored + 1
