@@ -98,6 +98,7 @@ class FedC2I(Strategy):
         self.influence_batch = influence_batch
         self.variant = variant
         self.influence_chunk = influence_chunk
+        self._scores: dict[str, float] = {}  # this round's, for peer_scores
         # Λ/l uses no peer body: sharing and fetching it would only cost bytes.
         self.parts: tuple[str, ...] = ("head",) if variant == "Lambda/l" else ("body", "head")
         self.shared_parts = self.parts
@@ -128,6 +129,7 @@ class FedC2I(Strategy):
         return train.x[index_t], train.y[index_t]
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
+        self._scores = {}
         members = self.members(ctx, arrived)
         peers = [ctx.node_id] + [peer for peer, _ in members]
         ctx.artefacts.record("aggregated_from", peers[1:])
@@ -202,7 +204,15 @@ class FedC2I(Strategy):
                      if self.uses_class_lambda else None)
         return lam, class_lam
 
+    def peer_scores(self, ctx: RoundContext) -> dict[str, float]:
+        """This round's influence weight of each peer aggregated: λ, or Λ averaged over classes
+        where the variant has no λ."""
+        return dict(self._scores)
+
     def _record(self, ctx: RoundContext, peers: list[str], lam: LeaveOneOutInfluence | None, class_lam: LeaveOneOutInfluence | None) -> None:
+        weights = (lam.weights if lam is not None else class_lam.weights.mean(dim=1) if class_lam is not None
+                   else None)
+        self._scores = {} if weights is None else {p: float(w) for p, w in zip(peers[1:], weights[1:].tolist())}
         sink = ctx.artefacts
         if lam is not None:
             sink.record("lambda_self", float(lam.weights[0]))

@@ -124,6 +124,10 @@ class PFedSV(Strategy):
     def setup(self, ctx: RoundContext) -> None:
         self._ensure_peers(ctx)
 
+    def peer_scores(self, ctx: RoundContext) -> dict[str, float]:
+        """The relevance (eq. 5) of every peer scored so far; a peer never downloaded is not judged."""
+        return {p: self.relevance[p] for p in self.last_scored if p in self.relevance}
+
     def state_dict(self) -> dict[str, Any]:
         return {"relevance": dict(self.relevance), "seen": sorted(self.seen), "last_scored": dict(self.last_scored),
                 "k": self.k}

@@ -31,6 +31,7 @@ from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
 from p2pfl.scenario.results import format_summary
+from p2pfl.scenario.trust import run_trust
 from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
 
 # Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
@@ -179,6 +180,22 @@ def _membership(nodes: list[dict[str, Any]], rounds_total: int, per_node: bool) 
     return out
 
 
+def _trust_heatmap(nodes: list[dict[str, Any]], ids: list[str]) -> dict[str, Any]:
+    """Each node's place for each peer in its trust ranking so far (`p2pfl.scenario.trust`)."""
+    trust = run_trust(nodes) if len(ids) <= PER_NODE_MAX else None
+    if trust is None:
+        return {}
+    index = {nid: i for i, nid in enumerate(ids)}
+    matrix: list[list[float | None]] = [[None] * len(ids) for _ in ids]
+    for nid, view in trust["nodes"].items():
+        order = view["ranking"]
+        for place, peer in enumerate(order):
+            if nid in index and peer in index:
+                matrix[index[nid]][index[peer]] = place / (len(order) - 1) if len(order) > 1 else 0.0
+    latest = max((r["round"] for n in nodes for r in n["rounds"]), default=0)
+    return {"trust": {"ids": ids, "matrix": matrix, "centre": None, "round": latest}}
+
+
 def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     """What the page shows of a run folder, as it is now."""
     folder = RunFolder(run_dir)
@@ -189,6 +206,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     rounds_total = scenario["rounds"]
     nodes = []
     ended_walls: dict[str, float | None] = {}  # the nodes that wrote a result: their wall
+    raw: list[dict[str, Any]] = []  # each node's round records as written, for the trust over the run
     per_node = len(ids) <= PER_NODE_MAX
     for nid in ids:
         rounds = _rounds(folder.node_rounds(nid))
@@ -199,6 +217,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             rounds = [r for r in result.get("rounds") or [] if isinstance(r, dict) and type(r.get("round")) is int]
         status = str(result.get("status")) if result else ("running" if rounds else "starting")
         error = result.get("error") if result else None
+        raw.append({"id": nid, "rounds": rounds})
         records = [{
             "round": r["round"], "test_acc": _finite(r.get("test_acc")),
             TEST_ACC_AGGREGATED: _finite(r.get(TEST_ACC_AGGREGATED)),
@@ -261,7 +280,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     return {
         "ready": True, "kind": "run", "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
         "rounds": rounds_total, "nodes": nodes, "phases": list(PHASES), "per_node": per_node,
-        "heatmaps": _heatmaps(run_dir, ids), "curves": curves, "round_time": round_time, "membership": membership,
+        "heatmaps": {**_heatmaps(run_dir, ids), **_trust_heatmap(raw, ids)}, "curves": curves, "round_time": round_time, "membership": membership,
         "progress": {"done": node_rounds_done, "total": node_rounds_total,
                      "elapsed_s": wall if wall is not None else elapsed,
                      "eta_s": 0.0 if done else estimate_eta(node_rounds_done, node_rounds_total, elapsed)},

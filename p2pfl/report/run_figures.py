@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from p2pfl.report.membership_figure import plot_membership
+from p2pfl.report.trust_figures import plot_trust, trust_table
 from p2pfl.report.style import (MAX_NODE_SERIES, PHASE_COLOURS, label_overlap, node_label, plot_nodes,
                                 protocol_panels, round_axis, save_figure)
 from p2pfl.runtime.run_folder import load_artefacts
@@ -344,7 +345,8 @@ def report_run(run_dir: Path) -> list[Path]:
         if p is not None:
             paths.append(p)
     for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out), plot_round_time(results, out),
-              plot_client_indices(results, out), client_index_separation(results, out), plot_membership(results, out)):
+              plot_client_indices(results, out), client_index_separation(results, out), plot_membership(results, out),
+              plot_trust(results, out), trust_table(results, out)):
         if p is not None:
             paths.append(p)
     return paths

@@ -15,6 +15,8 @@ that a command produced, never typed in:
   validation evidence (no training);
 * `communication.md`: parameter bytes downloaded per round and in total, and the mean
   dynamic k per round, per row;
+* `trust_ranking.md` (runs with an [attack]): at how many honest nodes an attacker is the least
+  trusted peer, by the strategy's scores and by conduct (`p2pfl.scenario.trust`);
 * `held_out.md` (several compare folders, one per held-out domain): the global model's
   accuracy on each held-out domain per row, and the average over domains.
 """
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2pfl.report.trust_figures import attacker_rank_table
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs
 from p2pfl.core.evidence import evidence_z, prefer_federated
 
@@ -233,6 +236,10 @@ def write_compare_tables(folder: Path, out: Path) -> list[Path]:
     if levels is not None:
         (out / "safeguard_levels.md").write_text(levels + "\n")
         paths.append(out / "safeguard_levels.md")
+    ranks = attacker_rank_table(runs)
+    if ranks is not None:
+        (out / "trust_ranking.md").write_text(ranks + "\n")
+        paths.append(out / "trust_ranking.md")
     return paths
 
 

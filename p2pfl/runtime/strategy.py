@@ -209,6 +209,13 @@ class Strategy:
         on its own data), kept in the round's record under `metrics`."""
         return {}
 
+    def peer_scores(self, ctx: RoundContext) -> Mapping[str, float]:
+        """After `aggregate`: how much this node trusts each peer it has judged, higher is more
+        (pFedSV's relevance, FedC2I's influence λ). The round's record keeps them and the run's
+        trust summary (`p2pfl.scenario.trust`) ranks peers by their mean; none: ranked by the
+        runtime's own evidence (answered, not pulled back, not refused)."""
+        return {}
+
     def shared_meta(self, ctx: RoundContext) -> dict[str, Any]:
         """Metadata published with every part this round (the runtime adds `n_train`)."""
         return {}

@@ -14,6 +14,7 @@ from typing import Any
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.status import ENDED_BADLY
 from p2pfl.scenario.membership import has_churn, membership_timeline
+from p2pfl.scenario.trust import FAR_BOUND_FACTOR, run_trust
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records, write_json_atomic
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
@@ -76,12 +77,6 @@ def refused_peers(nodes: list[Mapping[str, Any]], key: str = "peers_refused",
     return dict(sorted(counts.items()))
 
 
-# A peer's part this many times over runtime.update_bound looks like poisoning: in the poisoning
-# table's bounded runs (runs/poison/*_b1: FedAvg, FedC2I, pFedSV, 3 seeds) honest parts lay at
-# most 5.5 times over without an attacker (10.8 once, pFedSV beside a label-flipper), a sign-flip
-# x1000 482 to 1744 times (refused from 100: runtime.update_refuse), Gaussian noise 4 to 24 times
-# (docs/security.md).
-FAR_BOUND_FACTOR = 10.0
 
 
 def far_bounded_peers(nodes: list[Mapping[str, Any]], factor: float = FAR_BOUND_FACTOR) -> dict[str, int]:
@@ -262,6 +257,9 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
     }
     if scenario.churn.active or has_churn(nodes):
         out["membership"] = membership_timeline(nodes, scenario.rounds)
+    trust = run_trust(nodes)
+    if trust is not None:
+        out["trust"] = trust
     indices = client_indices(nodes, coordinator)
     if indices is not None:
         out["client2vec"] = indices

@@ -117,7 +117,8 @@ def test_fetches_body_and_head_from_every_peer(world):
 
 def test_full_body_is_lambda_weighted_and_head_rows_are_Lambda_weighted(world):
     ctx = context(world)
-    FedC2I(gamma=5.0, influence_batch=ALL).aggregate(ctx, arrivals(world))
+    strategy = FedC2I(gamma=5.0, influence_batch=ALL)
+    strategy.aggregate(ctx, arrivals(world))
     models, lam, Lam = references(world, ctx)
     lam_saved, Lam_saved = saved(ctx, "lambda"), saved(ctx, "Lambda")
     assert lam_saved["peers"] == Lam_saved["peers"] == ["me", "p1", "p2"]
@@ -131,6 +132,7 @@ def test_full_body_is_lambda_weighted_and_head_rows_are_Lambda_weighted(world):
     # The peer with permuted labels counts least, and the weights are far enough from
     # uniform that the checks above tell them apart from a plain average.
     assert lam[2] < min(lam[0], lam[1])
+    assert strategy.peer_scores(ctx) == pytest.approx({"p1": lam[1], "p2": lam[2]}, rel=1e-4)  # its trust: λ
     uniform = weighted(models, "body", [1 / 3] * 3)
     assert max(float((part_state(ctx.model, "body")[k].double() - v).abs().max()) for k, v in uniform.items()) > 1e-3
     uniform = weighted(models, "head", [1 / 3] * 3)

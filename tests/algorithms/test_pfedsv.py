@@ -112,6 +112,8 @@ def test_harmful_peers_get_negative_values_and_are_dropped(world):
     assert sv["bad"] < 0 and sv["noise"] < 0
     assert strategy.relevance["bad"] < 0 and strategy.relevance["noise"] < 0
     assert strategy.relevance["g1"] > 0 and strategy.relevance["u1"] == 0.0
+    # Its trust in each peer is the relevance of those it scored; u1, never downloaded, is not judged.
+    assert strategy.peer_scores(ctx) == {p: strategy.relevance[p] for p in sv if p != "me"}
     weights = dict(zip(saved(ctx, "shapley")["peers"], saved(ctx, "shapley")["weights"]))
     assert weights["bad"] == 0.0 and weights["noise"] == 0.0
     # Efficiency: the values share out exactly v(S) - v(empty).

@@ -67,6 +67,8 @@ class RoundRecord:
     safeguard: Mapping[str, Any] = field(default_factory=dict)  # the safeguard's own keys, flat in the JSON
     fit_config: Mapping[str, Any] = field(default_factory=dict)   # the strategy's training settings this round
     metrics: Mapping[str, float] = field(default_factory=dict)    # the strategy's evaluation after aggregation
+    peer_scores: Mapping[str, float] = field(default_factory=dict)  # the strategy's trust in each peer it judged
+    silent: Sequence[str] = ()  # the `unanswered` peers, by name
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -78,10 +80,10 @@ class RoundRecord:
             "stale": list(self.stale), "unanswered": self.unanswered, "strategy": dict(self.strategy),
         }
         optional = {"staleness": self.staleness, "neighbours": self.neighbours, "peers_refused": self.peers_refused,
-                    "sat_out": self.sat_out,
+                    "sat_out": self.sat_out, "silent": self.silent,
                     "peers_bounded": self.peers_bounded, "peers_bounded_factor": self.peers_bounded_factor,
-                    "fit_config": self.fit_config, "metrics": self.metrics}
-        doc.update({k: (list(v) if k == "sat_out" else dict(v)) for k, v in optional.items() if v})
+                    "fit_config": self.fit_config, "metrics": self.metrics, "peer_scores": self.peer_scores}
+        doc.update({k: (list(v) if k in ("sat_out", "silent") else dict(v)) for k, v in optional.items() if v})
         if self.aggregate_refused is not None:
             doc["aggregate_refused"] = self.aggregate_refused
         doc.update(self.safeguard)

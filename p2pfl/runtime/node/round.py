@@ -65,6 +65,7 @@ class Round:
         self.clock: PhaseClock | None = None
         self.fit_config: dict[str, Any] = {}  # the strategy's training settings for this round
         self.metrics: dict[str, float] = {}   # the strategy's evaluation after aggregation
+        self.peer_scores: dict[str, float] = {}  # the strategy's trust in each peer, after aggregation
 
     def _begin(self, phase: str) -> float:
         kit = self.kit
@@ -134,7 +135,7 @@ class Round:
             neighbours=kit.neighbours.changes(), peers_refused=dict(checks.refused), sat_out=sat_out,
             peers_bounded=dict(checks.bounded), peers_bounded_factor=dict(checks.bounded_factor),
             aggregate_refused=aggregated.refused, safeguard=safeguard, fit_config=self.fit_config,
-            metrics=self.metrics,
+            metrics=self.metrics, peer_scores=self.peer_scores, silent=sorted(unanswered),
         )
         kit.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                      r, kit.settings.rounds, trained.scores.test_acc, aggregated.scored.scores.test_acc,
@@ -173,6 +174,8 @@ class Round:
         model = parts.model
         before = FlatCopy(model.state_dict())  # one buffer, not a tensor each
         parts.strategy.aggregate(self.kit.ctx, arrived)
+        if overrides(parts.strategy, Strategy, "peer_scores"):
+            self.peer_scores = {str(p): float(v) for p, v in parts.strategy.peer_scores(self.kit.ctx).items()}
         refused = self.refuse_non_finite(before)
         safeguard_record: dict[str, Any] = {}
         if refused is None and overrides(parts.safeguard, Safeguard, "after_aggregate"):
