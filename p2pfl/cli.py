@@ -225,6 +225,9 @@ def _serve_after_run(out: Path, port: int) -> None:
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
+    if args.command in ("node", "coordinator"):
+        return (f"; its rounds finished are checkpointed: p2pfl {args.command} {args.config} --resume goes on "
+                "from there")
     out = getattr(args, "out", None)
     if out is None:
         return ""

@@ -181,3 +181,40 @@ def test_a_stopped_node_and_dashboard_say_one_line_and_no_traceback(tmp_path, si
     assert [line for line in node_err.splitlines() if "interrupted" in line or "stopped" in line][-1:], node_err[-1000:]
     said = [line for line in dashboard_err.splitlines() if line.strip() and not line.startswith("dashboard of ")]
     assert len(said) == 1 and said[0] in ("interrupted", "stopped by SIGTERM"), dashboard_err
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stopped_coordinator_says_one_line_and_no_traceback(tmp_path, sig):
+    """`p2pfl coordinator` (the optional coordinator of a global-step algorithm), stopped mid-run."""
+    import signal
+    import time
+
+    from p2pfl.scenario.launcher import write_run_folder
+    from p2pfl.scenario.schema import load_scenario
+
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, rounds=5000, samples=40, timeout=5.0,
+                                        algorithm="fedavg_global"))
+    out = tmp_path / "run"
+    paths, coordinator_path = write_run_folder(scenario, out)
+    assert coordinator_path is not None
+    coordinator = subprocess.Popen([sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    nodes = [subprocess.Popen([sys.executable, "-m", "p2pfl", "node", str(p)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for p in paths]
+    try:
+        rounds_file = out / "nodes" / "node-0.rounds.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (rounds_file.is_file() and rounds_file.read_text().count("\n") >= 2):
+            time.sleep(0.1)
+        assert coordinator.poll() is None, "the coordinator ended before it could be stopped"
+        coordinator.send_signal(getattr(signal, sig))
+        _, err = coordinator.communicate(timeout=60)
+    finally:
+        for proc in [*nodes, coordinator]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert coordinator.returncode == (130 if sig == "SIGINT" else 143), err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if "interrupted" in line or "stopped by SIGTERM" in line]
+    assert len(said) == 1 and "--resume" in said[0], err[-2000:]
