@@ -64,8 +64,10 @@ def progress_line(record: dict[str, Any]) -> str:
 
 
 def print_progress(record: dict[str, Any]) -> None:
-    """A process of one node: each line at once (a test kills a node right after a given round)."""
-    print(progress_line(record), flush=True)
+    """A process of one node: each line at once (a test kills a node right after a given round),
+    in one write, so that nodes forked from one parent (`p2pfl.forked`) never mix their lines."""
+    sys.stdout.write(progress_line(record) + "\n")
+    sys.stdout.flush()
 
 
 # A worker of many nodes sends its progress lines in batches: one write to the launcher's pipe per

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--together", action="store_true", help=TOGETHER_HELP)
     _add_log_level(worker)
 
+    forked = sub.add_parser("forked", help="run each node of CONFIG... in its own process, forked from this one after "
+                                           "one import (placement = \"process\", start_method = \"fork\")")
+    forked.add_argument("configs", type=Path, nargs="+")
+    forked.add_argument("--resume", action="store_true", help="continue every node from its last checkpoint")
+    forked.add_argument("--together", action="store_true", help=TOGETHER_HELP)
+    _add_log_level(forked)
+
     coord = sub.add_parser("coordinator", help="run the optional coordinator from its config")
     coord.add_argument("config", type=Path)
     coord.add_argument("--resume", action="store_true", help="continue from the coordinator's last checkpoint")
@@ -353,6 +360,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.together and not args.resume:
             raise ConfigError("--together", "it says how a --resume goes on; pass --resume with it")
         return run_worker(args.configs, resume=args.resume, together=args.together)
+    if args.command == "forked":
+        from p2pfl.forked import run_forked
+
+        return run_forked(args.configs, resume=args.resume, together=args.together)
     if args.command == "coordinator":
         from p2pfl.coordinator.service import run_coordinator
         from p2pfl.runtime.config import load_node_config

@@ -12,6 +12,7 @@ launcher above it never loads a model to start a run. A hosting says where its n
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -35,8 +36,9 @@ class Hosting(Protocol):
     def close(self) -> None: ...
 
 
-def hosting_for(placement: str, *, workers: int, torch_threads: int, ray_address: str) -> Hosting:
-    """The hosting of `runtime.placement`."""
+def hosting_for(placement: str, *, workers: int, torch_threads: int, ray_address: str,
+                start_method: str = "auto") -> Hosting:
+    """The hosting of `runtime.placement` (`runtime.start_method`: how "process" starts its nodes)."""
     from p2pfl.hosting.process import ProcessHosting
     from p2pfl.hosting.shared import SharedHosting
 
@@ -46,11 +48,17 @@ def hosting_for(placement: str, *, workers: int, torch_threads: int, ray_address
         return RayHosting(ray_address, workers, torch_threads)
 
     hostings: dict[str, Callable[[], Hosting]] = {
-        "process": lambda: ProcessHosting(torch_threads),
+        "process": lambda: ProcessHosting(torch_threads, forks(start_method)),
         "shared": lambda: SharedHosting(torch_threads, workers),
         "ray": on_ray,
     }
     return hostings[placement]()
 
 
-__all__ = ["Hosting", "Hosts", "Progress", "hosting_for"]
+def forks(start_method: str) -> bool:
+    """Whether "process" placement forks its nodes: "auto" does on Linux only (macOS forbids
+    fork after system frameworks load; Windows has no fork)."""
+    return start_method == "fork" or (start_method == "auto" and sys.platform.startswith("linux"))
+
+
+__all__ = ["Hosting", "Hosts", "Progress", "forks", "hosting_for"]

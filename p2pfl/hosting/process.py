@@ -15,6 +15,8 @@ from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import PROGRESS_PREFIX
 
 
+FORKED = "forked"  # the process that forks each node's, and the command it runs (`p2pfl forked`)
+
 # Every process `spawn` started and not yet reaped: their pipes must close while the loop runs.
 _SPAWNED: "weakref.WeakSet[asyncio.subprocess.Process]" = weakref.WeakSet()
 
@@ -70,12 +72,15 @@ async def follow(proc: asyncio.subprocess.Process, nodes: list[str], tick: Calla
 
 
 class ProcessHosting:
-    def __init__(self, torch_threads: int) -> None:
-        self.torch_threads = torch_threads
+    def __init__(self, torch_threads: int, fork: bool = False) -> None:
+        """`fork`: one process (`p2pfl forked`) imports torch and the node's code, then forks
+        each node's process from itself; else each node is a fresh interpreter (`p2pfl node`)."""
+        self.torch_threads, self.fork = torch_threads, fork
 
     def plan(self, node_paths: list[Path]) -> dict[str, list[Path]]:
-        """Process name -> the node configs it runs: here, one node each."""
-        return {p.stem: [p] for p in node_paths}
+        """Process name -> the node configs it runs: here, one node each (all under one forking
+        parent, `forked`, with `fork`)."""
+        return {FORKED: node_paths} if self.fork else {p.stem: [p] for p in node_paths}
 
     def addresses(self, ids: Sequence[str], coordinator: bool) -> dict[str, tuple[str, int]] | None:
         return None
@@ -92,7 +97,7 @@ class ProcessHosting:
             progress(done)
 
         for name, paths in self.plan(node_paths).items():
-            command = "node" if len(paths) == 1 and name == paths[0].stem else "worker"
+            command = FORKED if name == FORKED else "node" if len(paths) == 1 and name == paths[0].stem else "worker"
             args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + RESUME_TOGETHER * resume
             procs[name] = await spawn(args, RunFolder(out).log(name), self.torch_threads)
             nodes = [p.stem for p in paths]

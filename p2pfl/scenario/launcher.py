@@ -267,6 +267,7 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     rt = scenario.runtime
     try:
         hosting = hosting_for(rt.placement, workers=rt.workers, torch_threads=rt.torch_threads,
+                              start_method=rt.start_method,
                               ray_address=rt.ray_address)
         try:
             addresses = hosting.addresses(node_ids(scenario.nodes), uses_coordinator(scenario))

@@ -105,6 +105,7 @@ class AlgorithmSpec:
 
 
 PLACEMENTS = ("process", "shared", "ray")
+START_METHODS = ("auto", "fork", "spawn")
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,11 @@ class RuntimeSpec:
     placement: str = "process"        # "process": one OS process per node; "shared": nodes share worker processes;
                                       # "ray": the workers are actors on a Ray cluster
     workers: int = 0                  # worker processes ("shared") or actors ("ray"); 0: one per core / cluster CPU
+    # How "process" placement starts its node processes (multiprocessing's names): "fork" from one
+    # process that imported torch and the node's code once (a quarter of the quickstart's start-up
+    # on 2 cores; benchmarks/startup.py), "spawn" each as a fresh interpreter; "auto": fork where
+    # the platform forks safely (Linux), else spawn.
+    start_method: str = "auto"
     ray_address: str = "auto"         # the Ray cluster for placement = "ray" (`ray start --head` prints it)
     topology: str = "full"            # who fetches from whom: full | ring | regular:d | small_world:d
     participation: float = 1.0        # chance that a node takes part in a round (its own seeded draw)
@@ -162,6 +168,9 @@ class RuntimeSpec:
                 raise ConfigError(f"runtime.{name}", f"must be > 0, got {getattr(self, name)}")
         if self.placement not in PLACEMENTS:
             raise ConfigError("runtime.placement", f"unknown placement {self.placement!r}; choose one of {PLACEMENTS}")
+        if self.start_method not in START_METHODS:
+            raise ConfigError("runtime.start_method", f"unknown start method {self.start_method!r}; choose one of "
+                                                      f"{START_METHODS}")
         if not 0 < self.participation <= 1:
             raise ConfigError("runtime.participation", f"must be in (0, 1], got {self.participation}")
         Topology.parse(self.topology)

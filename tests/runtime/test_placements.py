@@ -69,6 +69,29 @@ def test_shared_placement_gives_the_same_run_as_one_process_per_node(tmp_path: P
     assert json.loads((out_s / "scenario.json").read_text())["runtime"]["placement"] == "shared"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform cannot fork")
+def test_forked_node_processes_give_the_same_run_as_spawned_ones(tmp_path: Path) -> None:
+    """`runtime.start_method`: one import, then a fork per node, against a fresh interpreter per
+    node. Each forked node is its own process with its own log; the run is the same."""
+    out_f, forked = _run(tmp_path / "f", "fedavg", "process", 'runtime.start_method="fork"')
+    out_s, spawned = _run(tmp_path / "s", "fedavg", "process", 'runtime.start_method="spawn"')
+    _assert_same_run(out_f, forked, out_s, spawned)
+    assert sorted(p.name for p in (out_f / "logs").glob("*.log")) == ["forked.log"] + [f"node-{i}.log" for i in range(4)]
+    assert sorted(p.name for p in (out_s / "logs").glob("*.log")) == [f"node-{i}.log" for i in range(4)]
+    pids = set()
+    for i in range(4):
+        log = (out_f / "logs" / f"node-{i}.log").read_text()
+        assert f"node-{i} INFO listening on" in log
+        pids.add(json.loads((out_f / "nodes" / f"node-{i}.result.json").read_text()).get("pid"))
+    assert len(pids) == 4 and None not in pids  # four processes, not four tasks of one
+
+
+def test_an_unknown_start_method_is_named(tmp_path: Path) -> None:
+    scenario = write_tiny(tmp_path, nodes=2, rounds=1)
+    with pytest.raises(ConfigError, match=r"runtime.start_method.*'fork', 'spawn'"):
+        run_scenario(scenario, tmp_path / "run", ['runtime.start_method="thread"'], progress=False, quiet=True)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
     """A local Ray cluster with 2 CPUs, held by a child process; gone when its stdin closes.

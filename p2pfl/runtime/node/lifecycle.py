@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -292,7 +293,7 @@ class Node:
         last = rounds[-1] if rounds else {}
         return {
             "id": self.config.id, "index": self.config.index, "status": status, "error": error,
-            "domain": data.domain, "device": str(self.parts.device),
+            "domain": data.domain, "device": str(self.parts.device), "pid": os.getpid(),
             "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test),
             "rounds": rounds, "setup": self.state.setup_record,
             "final_test_acc": last.get(TEST_ACC), "final_test_acc_aggregated": last.get(TEST_ACC_AGGREGATED),

@@ -1,0 +1,83 @@
+"""`p2pfl forked CONFIG...`: each node in its own OS process, forked from this one once it has
+imported torch and the code that builds nodes (`runtime.placement = "process"` with
+`runtime.start_method` "fork", the default on Linux).
+
+Four fresh interpreters importing torch on two cores were most of the quickstart's start-up;
+forked, the import is paid once and the children share its pages copy-on-write. Each child is
+what `p2pfl node CONFIG` would be: its own event loop, port, log file (RUN/logs/<id>.log) and
+exit status; its progress lines go to this process's stdout (one write each, so lines from
+different children never mix), which the launcher reads. The parent runs no torch operation
+before forking (a thread pool started before fork would be lost in the children), forwards
+SIGTERM to its children, leaves Ctrl-C to reach them from the terminal, and exits with the worst of their statuses once all have ended.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+import p2pfl.assembly  # noqa: F401  (imported once, before any fork: the point of forking)
+from p2pfl.runtime.config import load_node_config
+from p2pfl.runtime.run_folder import RunFolder
+
+
+def _child(path: Path, resume: bool, together: bool) -> int:
+    from p2pfl.cli import main
+
+    if sys.platform.startswith("linux"):  # killed with its parent, as a spawned node is with the launcher's kill
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    config = load_node_config(path)
+    log_path = RunFolder(config.out).log(config.id)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+    # The CLI's own entry: a stop is one line and an exit status, as from `p2pfl node`.
+    return main(["node", str(path), *(["--resume"] if resume else []), *(["--together"] if together else [])])
+
+
+def run_forked(config_paths: Sequence[Path], resume: bool = False, together: bool = False) -> int:
+    children: dict[int, str] = {}
+    for path in config_paths:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _child(path, resume, together)
+            except BaseException:  # noqa: BLE001  (whatever it was, the child must not return into the parent's loop)
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children[pid] = path.stem
+
+    def forward(signum: int, frame: object) -> None:
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    # Ctrl-C at a terminal reaches every child itself (one process group): passed on as well, a
+    # child would be interrupted twice, the second time in its clean-up.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worst = 0
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        children.pop(pid, None)
+        code = os.waitstatus_to_exitcode(status)
+        worst = max(worst, code if code >= 0 else 128 - code)
+    return worst
