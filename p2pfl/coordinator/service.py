@@ -47,8 +47,8 @@ from p2pfl.wire import Message, NodeKey
 
 
 def weighed_as_capped(submissions: list[Submission], max_weight_ratio: float) -> list[Submission]:
-    """The round's submissions with each `n_train` capped at `max_weight_ratio` times the round's
-    median (`p2pfl.runtime.peer_claims`): one node's claim cannot make it the global model."""
+    """The round's submissions with each `n_train` capped (`p2pfl.runtime.peer_claims.capped_sizes`):
+    one node's claim cannot make it the global model."""
     sized = [i for i, sub in enumerate(submissions) if "n_train" in sub.meta]
     capped = capped_sizes([int(submissions[i].meta["n_train"]) for i in sized], max_weight_ratio)
     out = list(submissions)

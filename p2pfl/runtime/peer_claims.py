@@ -6,8 +6,9 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
 * **`n_train`** weighs a peer in every size-weighted average (FedAvg, FedC2I's prior, the
   coordinator's ω). It is pinned at the first value a peer sends: a node's training split never
   changes during a run, so a later different value is refused. And it counts at most
-  `max_weight_ratio` times a reference size: the node's own `n_train` on a node, the median of
-  the round's submissions on the coordinator. A peer claiming 10⁹ samples otherwise takes
+  `max_weight_ratio` times a reference size: the node's own `n_train` on a node; on the
+  coordinator the median of the round's other submissions, and never more than the others
+  together (no member above half of the round's weight unless it is alone). A peer claiming 10⁹ samples otherwise takes
   0.99999996 of the average; capped at 4x, it weighs as four honest peers of the reference size
   at most, while honest splits within 4x of each other (every partition this project ships) are
   untouched. `max_weight_ratio = 0` turns the cap off (the papers' scenarios: their averages by
@@ -231,8 +232,15 @@ def capped_size(n_train: int, reference: float, max_weight_ratio: float) -> int:
 
 
 def capped_sizes(sizes: Sequence[int], max_weight_ratio: float) -> list[int]:
-    """Each size capped at `max_weight_ratio` times the median: what the coordinator weighs by."""
-    if not sizes:
-        return []
-    reference = statistics.median(sizes)
-    return [capped_size(n, reference, max_weight_ratio) for n in sizes]
+    """What the coordinator weighs the round's submissions by: each size capped at
+    `max_weight_ratio` times the median of the *other* sizes (the round's own median moves with
+    the claim: of two nodes, one claiming 10⁹ set its own cap at 2·10⁹), then at the sum of the
+    others, so that no member holds more than half of the round's weight unless it is alone. A
+    ratio of 0 caps nothing."""
+    if max_weight_ratio == 0 or len(sizes) < 2:
+        return [max(1, int(n)) for n in sizes]
+    capped = [capped_size(n, statistics.median(sizes[:i] + sizes[i + 1:]), max_weight_ratio)
+              for i, n in enumerate(list(sizes))]
+    total = sum(capped)
+    # At most one member can hold more than half; held to half, the others keep their weights.
+    return [min(n, total - n) for n in capped]

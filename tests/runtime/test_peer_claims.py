@@ -170,7 +170,7 @@ def test_finding_3_a_claimed_billion_samples_cannot_set_the_global_model(tmp_pat
     ratio = coordinator.scenario.runtime.max_weight_ratio
     reply = coordinator.half.aggregate(1, weighed_as_capped(subs, ratio))
     weight = reply.meta["weights"]["node-3"]
-    assert weight == pytest.approx(ratio / (ratio + 3))  # before: 0.99999996
+    assert weight == pytest.approx(min(ratio / (ratio + 3), 0.5))  # before: 0.99999996
     first = next(iter(reply.model.values()))
     assert float(first.flatten()[0]) == pytest.approx(1 - weight)
 
@@ -193,3 +193,20 @@ def test_a_weight_ratio_of_zero_caps_nothing() -> None:
 
     assert capped_size(10**6, 100, 0) == 10**6 and capped_size(10**6, 100, 4.0) == 400
     assert capped_sizes([10, 100, 10**5], 0) == [10, 100, 10**5]
+
+
+@pytest.mark.parametrize("sizes", [[100, 10**9], [100, 100, 10**9], [10**9, 100, 100, 100, 100, 100],
+                                   [100, 400], [10**9, 10**9, 100, 100], [500, 100, 100, 100]])
+def test_finding_6_no_member_holds_more_than_half_of_the_coordinators_weight(sizes: list[int]) -> None:
+    """Before, the cap was 4x the round's median, which the claim itself moves: of 2 nodes, one
+    claiming 10^9 kept 0.99999996 of the weight."""
+    from p2pfl.runtime.peer_claims import capped_sizes
+
+    capped = capped_sizes(sizes, 4.0)
+    assert max(capped) <= sum(capped) / 2
+    for i, n in enumerate(capped):  # and 4x the median of the others, as before where that binds
+        others = sorted(sizes[:i] + sizes[i + 1:])
+        median = (others[(len(others) - 1) // 2] + others[len(others) // 2]) / 2
+        assert n <= 4 * median
+    assert capped_sizes([1500, 1500, 672, 1500], 4.0) == [1500, 1500, 672, 1500]  # honest splits untouched
+    assert capped_sizes([100], 4.0) == [100]  # alone, it is the round
