@@ -32,6 +32,12 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
   sign-flip x1000 still adds a reversed update as long as the node's own to every average
   (honest parts lay at most 10.8 times over in the poisoning table, that attacker 482 to 1744).
 
+* **Buffers** (BatchNorm's running means and variances, any floating non-parameter tensor) are
+  bounded as a group of their own, against how far this round moved the node's own buffers:
+  lumped with the weights, whose norm dwarfs theirs, a running variance could move from 1 to
+  1e-30 inside the part's bound. A running variance (`*.running_var`, PyTorch's name for it)
+  must be positive and finite: BatchNorm divides by its square root.
+
 A refusal raises `ClaimRefused` (a 422 for a pushed part); the node records the peer and reason
 in the round's record and goes on without that part.
 """
@@ -208,6 +214,18 @@ def bound_update(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.
     for k, piece in zip(keys, pulled.split([tensors[k].numel() for k in keys])):
         clipped[k] = piece.view(tensors[k].shape).to(tensors[k].dtype)
     return clipped, distance, bound
+
+
+VARIANCE_SUFFIX = "running_var"
+
+
+def check_variances(sender: str, part: str, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Refuse a part whose running variances are not all positive and finite."""
+    for key, tensor in tensors.items():
+        if key.endswith(VARIANCE_SUFFIX) and tensor.is_floating_point() and tensor.numel():
+            if not bool(torch.isfinite(tensor).all()) or not bool((tensor > 0).all()):
+                raise ClaimRefused(f"{sender}/{part} serves {key} with a value that is not a positive finite "
+                                   f"variance (min {float(tensor.min()):.3g}): BatchNorm divides by its square root")
 
 
 class DeclaredSizes:

@@ -16,8 +16,8 @@ from p2pfl.runtime.devices import to_device
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import PEER_PARTS
-from p2pfl.runtime.peer_claims import (ClaimRefused, Flattened, bound_update, capped_size, check_magnitude, flattened,
-                                      own_norms, update_norm)
+from p2pfl.runtime.peer_claims import (ClaimRefused, Flattened, bound_update, capped_size, check_magnitude,
+                                      check_variances, flattened, own_norms, update_norm)
 from p2pfl.runtime.precision import dequantize, wire_spec
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import COORDINATOR_ID, PartDecl, PeerModel
@@ -42,6 +42,7 @@ class RoundChecks:
     bounded_factor: dict[str, float] = field(default_factory=dict)  # peer -> how many times over the bound it lay
     own_norms: dict[str, float] = field(default_factory=dict)      # part -> its norm, what a peer's is bounded by
     own_updates: dict[str, float] = field(default_factory=dict)    # part -> how far this round's training moved it
+    own_buffer_updates: dict[str, float] = field(default_factory=dict)  # part -> the same, of its floating buffers
 
 
 class Intake:
@@ -52,6 +53,10 @@ class Intake:
                  extra: dict[str, PartDecl], neighbours: Neighbours) -> None:
         self.model, self.n_train, self.device, self.settings = model, n_train, device, settings
         self.specs = {part: part_spec(model, part) for part in PEER_PARTS}
+        floating_buffers = {name for name, b in model.named_buffers() if b.is_floating_point()}
+        # part -> its floating buffers' keys: bounded as a group of their own (p2pfl.runtime.peer_claims)
+        self.buffer_keys = {part: frozenset(k for k in part_state(model, part) if k in floating_buffers)
+                            for part in PEER_PARTS}
         self.extra = extra  # parts besides the model's own (the coordinator's replies, setup parts)
         self.neighbours = neighbours
         self.current = RoundChecks(0)
@@ -101,6 +106,10 @@ class Intake:
                     checks.own_updates[h.part] = update
             flat = flattened(tensors) if bounded else None  # one float64 copy of the part for both bounds
             check_magnitude(h.sender, h.part, tensors, checks.own_norms[h.part], settings.max_norm_ratio, flat)
+            check_variances(h.sender, h.part, tensors)
+            if bounded and self.buffer_keys[h.part]:
+                tensors = self.bounded_buffers(h.sender, h.part, tensors, checks)
+                flat = flattened(tensors)  # the weights' bound below is of the part with its buffers bounded
             if bounded:
                 tensors = self.bounded(h.sender, h.part, tensors, checks, flat)
             if h.sender != COORDINATOR_ID:
@@ -109,6 +118,25 @@ class Intake:
                 self.neighbours.declared_sizes.check(h.sender, int(meta["n_train"]))
                 meta["n_train"] = capped_size(meta["n_train"], self.n_train, settings.max_weight_ratio)
         return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
+
+    def bounded_buffers(self, sender: str, part: str, tensors: dict[str, torch.Tensor],
+                        checks: RoundChecks) -> dict[str, torch.Tensor]:
+        """The part with its floating buffers within `update_bound` times this node's own
+        buffers' move this round; pulled back, the sender is named as for the weights."""
+        keys = self.buffer_keys[part]
+        start = {k: v for k, v in checks.round_start.items() if k in keys}
+        if part not in checks.own_buffer_updates:
+            own = {k: v for k, v in part_state(self.model, part).items() if k in keys}
+            checks.own_buffer_updates[part] = update_norm(own, start)
+        buffers = {k: v for k, v in tensors.items() if k in keys}
+        clipped = bound_update(buffers, start, checks.own_buffer_updates[part], self.settings.update_bound)
+        if clipped is None:
+            return tensors
+        pulled, distance, bound = clipped
+        checks.bounded[sender] = (f"{part}'s buffers moved {distance:.3g} from this node's round start, over "
+                                  f"{self.settings.update_bound:g} x its own buffers' move ({bound:.3g}); pulled back")
+        checks.bounded_factor[sender] = max(checks.bounded_factor.get(sender, 0.0), round(distance / bound, 3))
+        return {**tensors, **pulled}
 
     def bounded(self, sender: str, part: str, tensors: dict[str, torch.Tensor], checks: RoundChecks,
                 flat: Flattened | None = None) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -188,7 +189,17 @@ class Round:
             # Aggregation kept the trained model (Local, or nothing arrived): the same scores, and
             # no second pass over a test split that may hold a thousand samples.
             return Aggregated(refused, safeguard_record, Scored(trained, self.kit.scorer.deploy(trained)))
-        return Aggregated(refused, safeguard_record, self.kit.scorer.scored())
+        scored = self.kit.scorer.scored()
+        if not math.isfinite(scored.scores.test_loss) and math.isfinite(trained.test_loss):
+            # Finite values can still score NaN (a buffer a layer takes the root or the log of):
+            # the node's own model is kept, and the round names whom it took in.
+            model.load_state_dict(before)
+            senders = sorted({m.sender for m in arrived})
+            refused = (f"aggregate scored a non-finite loss ({scored.scores.test_loss}); kept the model from before it "
+                       f"(took in {', '.join(senders) or 'no peer'})")
+            self.kit.log.warning("round %d: %s", self.r, refused)
+            return Aggregated(refused, safeguard_record, Scored(trained, self.kit.scorer.deploy(trained)))
+        return Aggregated(refused, safeguard_record, scored)
 
     def refuse_non_finite(self, before: dict[str, torch.Tensor]) -> str | None:
         """Keep the pre-aggregation model when the aggregate holds NaN or Inf (peers' values can
