@@ -6,6 +6,11 @@
 
 The module must be importable where the nodes run: installed, on PYTHONPATH, or in the folder
 the command runs from (`p2pfl` puts it first on the path, for itself and the nodes it starts).
+
+**A scenario file is code**: a reference runs the function it names in the launcher and in every
+node. So a scenario may name only modules next to it (or in the folder the command runs from)
+and packages it lists for the purpose, `plugins = ["mypkg"]`; never the standard library,
+`builtins` or p2pfl itself, listed or not (`"os:abort"` would otherwise kill the launcher).
 Errors name the scenario field: a module that does not import, a name it lacks, a wrong return
 type, or the user's own exception with its message and the line of their code that raised it.
 """
@@ -13,17 +18,38 @@ type, or the user's own exception with its message and the line of their code th
 from __future__ import annotations
 
 import importlib
+import sys
 import sysconfig
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from p2pfl.errors import ConfigError
 
 
+# Never a scenario's to run, listed or not: the standard library (os, subprocess, shutil, ...),
+# builtins (eval, exec) and p2pfl's own functions.
+NEVER_PLUGINS = frozenset({"builtins", "p2pfl", *sys.stdlib_module_names})
+
+
 def is_reference(name: str) -> bool:
     return ":" in name
+
+
+def admit(reference: str, field: str, listed: Sequence[str], folders: Sequence[Path]) -> str:
+    """The top-level package of `reference` if a scenario may run its code: listed in the
+    scenario's `plugins`, or a module or package in one of `folders` (the scenario's own, the
+    working directory); a ConfigError for `field` otherwise, before anything is imported."""
+    top = reference.partition(":")[0].split(".")[0]
+    if top in NEVER_PLUGINS:
+        raise ConfigError(field, f"{reference!r} names {'p2pfl itself' if top == 'p2pfl' else 'the standard library'}"
+                                 f" ({top}): a scenario file runs the code it names, so it may name only its own "
+                                 "modules and packages it lists in `plugins`")
+    if top in listed or any((f / f"{top}.py").is_file() or (f / top / "__init__.py").is_file() for f in folders):
+        return top
+    raise ConfigError(field, f"{reference!r}: {top} is neither a module next to the scenario nor a package it lists "
+                             f"(a scenario file runs the code it names; to allow this one, add plugins = [\"{top}\"])")
 
 
 def resolve(reference: str, field: str) -> Callable[..., Any]:

@@ -26,7 +26,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from p2pfl.errors import ConfigError, check_table
-from p2pfl.plugins import is_reference, resolve
+from p2pfl.plugins import admit, is_reference, resolve
 from p2pfl.runtime.churn import ChurnSpec
 from p2pfl.runtime.settings import (DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
                                     DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS, WIRE_PRECISIONS)
@@ -35,7 +35,7 @@ from p2pfl.runtime.transport import CARRIERS
 from p2pfl.training.config import TrainConfig
 
 TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
-             "attack", "churn"}
+             "attack", "churn", "plugins"}
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
@@ -217,7 +217,7 @@ class RuntimeSpec:
 
 # Runtime fields added after runs were published: at their defaults they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
-RUNTIME_ADDED = ("max_norm_ratio", "buffered_mb", "transport", "checkpoint_every")
+RUNTIME_ADDED = ("max_norm_ratio", "buffered_mb", "transport", "checkpoint_every", "start_method")
 # Added after runs were published and changes what honest runs compute, so always stored: a stored
 # run without it cannot say whether its peers' sizes were capped, and `--reuse` refuses it.
 RUNTIME_RECORDED = ("max_weight_ratio",)
@@ -238,6 +238,9 @@ class Scenario:
     privacy: Any  # p2pfl.privacy.PrivacySpec
     attack: Any = None  # p2pfl.attacks.AttackSpec
     churn: ChurnSpec = field(default_factory=ChurnSpec)
+    # The packages whose code the scenario runs (`p2pfl.plugins.admit`): those it lists, and the
+    # modules found next to it; stored resolved, so a node loading the run's copy admits the same.
+    plugins: tuple[str, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +262,8 @@ class Scenario:
             out["algorithm"]["safeguard_level"] = self.algorithm.safeguard_level
         if self.attack is not None and self.attack.kind != "none":  # absent when off: old run folders still match
             out["attack"] = {**dataclasses.asdict(self.attack), "nodes": list(self.attack.nodes)}
+        if self.plugins:  # absent without plugins: old run folders still match
+            out["plugins"] = list(self.plugins)
         if self.churn.active:  # absent without churn: old run folders still match
             out["churn"] = self.churn.to_dict()
         return out
@@ -323,6 +328,9 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
 
     data = DataSpec.from_dict(raw.get("data", {}), prefix="data")
     model = _dataclass_from_table(ModelSpec, raw.get("model", {}), "model")
+    listed = raw.get("plugins", [])
+    if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+        raise ConfigError("plugins", f"expected a list of package names, got {listed!r}")
     algo_table = raw.get("algorithm", {})
     if not isinstance(algo_table, Mapping):
         raise ConfigError("algorithm", "expected a table with `name` and optional `params`")
@@ -340,6 +348,12 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
     churn = ChurnSpec.from_dict(raw.get("churn", {}), nodes=nodes, rounds=rounds)
     Topology.parse(runtime.topology).check(nodes)
+    here = [Path(source).resolve().parent] if Path(source).is_file() else []
+    plugins = set(listed)
+    for field_name, value in (("model.name", model.name), ("data.dataset", data.dataset),
+                              ("runtime.transport", runtime.transport)):
+        if is_reference(value):
+            plugins.add(admit(value, field_name, listed, [*here, Path.cwd()]))
 
     # From here torch loads: the model's name, and the algorithm's parameters against its class.
     from p2pfl.algorithms import build_strategy, strategy_class
@@ -372,7 +386,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
                                    "coming later cannot take part in, and the strategy cannot set a joiner up from "
                                    "its peers (Strategy.setup_for_joiners)")
     return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,
-                    churn, raw=dict(raw))
+                    churn, tuple(sorted(plugins)), raw=dict(raw))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -80,14 +80,47 @@ def test_own_model_and_own_data_run_through_the_launcher(tmp_path: Path) -> None
 ])
 def test_bad_references_are_named_when_the_scenario_loads(tmp_path: Path, field: str, value: str, match: str) -> None:
     scenario = write_tiny(tmp_path)
+    listed = 'plugins=["no_such_module_xyz"]'  # admitted, so that its import is what fails
     with pytest.raises(ConfigError, match=match) as info:
         if field == "data.dataset":
             from p2pfl.data import build_partition
 
-            build_partition(load_scenario(scenario, [f'{field}="{value}"']).data, 3, 0, only=[])
+            build_partition(load_scenario(scenario, [f'{field}="{value}"', listed]).data, 3, 0, only=[])
         else:
-            load_scenario(scenario, [f'{field}="{value}"'])
+            load_scenario(scenario, [f'{field}="{value}"', listed])
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("field,value", [
+    ("model.name", "os:abort"), ("data.dataset", "subprocess:getoutput"), ("model.name", "builtins:exit"),
+    ("runtime.transport", "shutil:rmtree"), ("model.name", "p2pfl.cli:main"),
+])
+def test_finding_8_a_scenario_never_names_the_standard_library_or_p2pfl_listed_or_not(tmp_path: Path, field: str,
+                                                                                       value: str) -> None:
+    """Before: `model.name = "os:abort"` killed the launcher."""
+    top = value.split(":")[0].split(".")[0]
+    for extra in ([], [f'plugins=["{top}"]']):
+        with pytest.raises(ConfigError, match="a scenario file runs the code it names") as info:
+            load_scenario(write_tiny(tmp_path), [f'{field}="{value}"', *extra])
+        assert info.value.field == field
+
+
+def test_finding_8_a_package_runs_only_next_to_the_scenario_or_listed(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "site"
+    elsewhere.mkdir()
+    (elsewhere / "their_models.py").write_text("from tests.runtime.test_plugins import split_net\n")
+    monkeypatch.syspath_prepend(str(elsewhere))  # importable, but neither next to the scenario nor listed
+    scenario = write_tiny(tmp_path)
+    with pytest.raises(ConfigError, match=r'add plugins = \["their_models"\]'):
+        load_scenario(scenario, ['model.name="their_models:split_net"'])
+    admitted = load_scenario(scenario, ['model.name="their_models:split_net"', 'plugins=["their_models"]'])
+    assert admitted.plugins == ("their_models",) and admitted.to_dict()["plugins"] == ["their_models"]
+    (tmp_path / "own_models.py").write_text("from tests.runtime.test_plugins import split_net\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    nearby = load_scenario(scenario, ['model.name="own_models:split_net"'])
+    assert nearby.plugins == ("own_models",)  # next to the scenario: admitted, and stored for the nodes
+    assert "plugins" not in load_scenario(scenario).to_dict()  # old run folders still match
 
 
 def test_a_factory_returning_the_wrong_type_stops_the_run_before_start(tmp_path: Path,
