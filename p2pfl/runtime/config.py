@@ -9,6 +9,7 @@ readable by its owner only.
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
 from collections.abc import Mapping
@@ -67,7 +68,13 @@ class NodeConfig:
         return doc
 
     def save(self, path: Path) -> None:
-        path.write_text(tomli_w.dumps(self.to_dict()))
+        """Written with its files named relative to the config's own folder (as `load_node_config`
+        reads them), so that a run folder copied elsewhere resumes in the copy, not the original."""
+        doc = self.to_dict()
+        for key in ("key_file", "scenario", "out", "roster"):
+            if key in doc and Path(doc[key]).is_absolute():
+                doc[key] = os.path.relpath(doc[key], path.parent.resolve())
+        path.write_text(tomli_w.dumps(doc))
 
 
 def load_node_config(path: str | Path) -> NodeConfig:

@@ -238,6 +238,12 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
     missing = [p.name for p in [*paths, coordinator] if p is not None and not p.is_file()]
     if missing:
         raise ConfigError("--resume", f"{out} lacks the node configs {', '.join(missing)}")
+    for path in [*paths, *([coordinator] if coordinator else [])]:
+        config = load_node_config(path)
+        if config.out.resolve() != out.resolve():  # a copied folder of a run from before relative paths
+            raise ConfigError("--resume", f"{path} belongs to the run in {config.out}, not {out}: resumed, it would "
+                                          f"write there. Copy a run folder made since configs name their files "
+                                          f"relative to themselves, or resume the original")
     return paths, coordinator
 
 
@@ -289,7 +295,9 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
     if not quiet:
         print(format_summary(results))
         print(f"results: {RunFolder(out).results}")
-    failed = [name for name, code in codes.items() if code != 0]
+    # A worker's exit status covers all its nodes, and a node can end badly with exit 0 (a result
+    # written elsewhere): both count.
+    failed = sorted({name for name, code in codes.items() if code != 0} | set(results["summary"]["nodes_failed"]))
     if failed and not quiet:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
         for line in failure_lines(results, out):

@@ -402,3 +402,33 @@ def test_a_run_resumed_together_replays_from_each_checkpoint_however_far_apart(t
     node_0 = results[0]["rounds"]
     assert node_0[:2] == first[0]["rounds"][:2]  # its checkpoint's rounds, as they were
     assert all(r["arrived"] for r in node_0[2:])  # the neighbours' later versions served its replayed rounds
+
+
+def test_finding_9_a_copied_run_folder_resumes_in_the_copy_and_leaves_the_original_alone(tmp_path: Path) -> None:
+    """Before: the copy's configs named the original's files by absolute path, so `--resume` of the
+    copy rewrote the original, and the copy reported every node failed with exit 0."""
+    import shutil
+
+    import tomli_w
+
+    from p2pfl.errors import ConfigError
+    from p2pfl.runtime.config import load_node_config
+
+    scenario = write_tiny(tmp_path, nodes=2, rounds=2, samples=40)
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    first, code = run_scenario(scenario, original, progress=False, quiet=True)
+    assert code == 0
+    shutil.copytree(original, copy)
+    before = {p: p.read_bytes() for p in original.rglob("*") if p.is_file()}
+    resumed, code = run_scenario(scenario, copy, progress=False, quiet=True, resume=True)
+    assert code == 0 and [n["status"] for n in resumed["nodes"]] == ["ok", "ok"]
+    assert {p: p.read_bytes() for p in original.rglob("*") if p.is_file()} == before  # not a byte of it changed
+    assert "resumed from" in (copy / "logs" / "node-0.log").read_text()
+    # A copy of a folder written before configs were relative: refused, naming where it would write.
+    config_path = copy / "nodes" / "node-0.toml"
+    absolute = load_node_config(config_path).to_dict()
+    absolute.update(out=str(original.resolve()), key_file=str((original / "keys" / "node-0.key").resolve()))
+    config_path.write_text(tomli_w.dumps(absolute))
+    with pytest.raises(ConfigError, match=r"belongs to the run in .*original"):
+        run_scenario(scenario, copy, progress=False, quiet=True, resume=True)
+    assert {p: p.read_bytes() for p in original.rglob("*") if p.is_file()} == before
