@@ -196,8 +196,14 @@ def _user_modules_from_here() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
 
 
+# Bits no file p2pfl writes may grant, whatever the umask it was started under: a config, roster or
+# scenario that others could rewrite would let them change whom a node trusts and what it runs.
+NEVER_WRITABLE_BY_OTHERS = 0o022
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    os.umask(os.umask(0) | NEVER_WRITABLE_BY_OTHERS)  # a stricter umask is kept
     _user_modules_from_here()
     if getattr(args, "log_level", None):
         set_level(args.log_level)  # inherited by every process this command starts

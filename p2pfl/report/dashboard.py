@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import math
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -367,7 +369,23 @@ def folder_state(folder: Path) -> dict[str, Any]:
     return dashboard_state(folder)
 
 
-def dashboard_app(folder: Path, min_age_s: float = 1.0) -> web.Application:
+def host_allowed(header: str | None, served: str) -> bool:
+    """Whether a request's `Host` names this dashboard: an IP address, `localhost`, or the name it
+    serves on (`served`). A page from another site that rebinds its own DNS name to 127.0.0.1
+    sends that name, and so cannot read the run's state."""
+    if not header:
+        return False
+    name = urlsplit(f"//{header}").hostname or ""
+    if name in ("localhost", served.lower()):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def dashboard_app(folder: Path, min_age_s: float = 1.0, served: str = "127.0.0.1") -> web.Application:
     page = resources.files("p2pfl.report").joinpath("dashboard.html").read_text()
     bundle = plotly_bundle()
 
@@ -391,7 +409,15 @@ def dashboard_app(folder: Path, min_age_s: float = 1.0) -> web.Application:
                 latest["at"], latest["cost"] = time.monotonic(), time.monotonic() - started
         return web.json_response(latest["state"])
 
-    app = web.Application()
+    @web.middleware
+    async def same_host(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                        ) -> web.StreamResponse:
+        if not host_allowed(request.headers.get("Host"), served):
+            return web.Response(status=421, text=f"this dashboard answers to its own address, not Host "
+                                                 f"{request.headers.get('Host')!r}")
+        return await handler(request)
+
+    app = web.Application(middlewares=[same_host])
     app.router.add_get("/", index)
     app.router.add_get("/plotly.min.js", plotly)
     app.router.add_get("/api/state", state)
@@ -400,7 +426,7 @@ def dashboard_app(folder: Path, min_age_s: float = 1.0) -> web.Application:
 
 async def start_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050) -> web.AppRunner:
     """Serve the page for `folder` on this event loop; `await runner.cleanup()` stops it."""
-    runner = web.AppRunner(dashboard_app(folder), access_log=None)
+    runner = web.AppRunner(dashboard_app(folder, served=host), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

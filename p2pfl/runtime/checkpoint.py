@@ -91,7 +91,7 @@ def write_swapped(path: Path, chunks: Sequence[bytes | memoryview], *, durable: 
     made a new inode and freed one (ext4's search for a free inode among those just freed was 6 %
     of a 1000-node run's CPU, `perf record -a`); emptied after each exchange, every write freed
     the file's blocks and page cache and allocated them again (`python benchmarks/checkpoint_write.py`)."""
-    swap = path.with_name(f".{path.name}.swap")
+    swap = swap_path(path)
     try:
         fd = os.open(swap, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
         try:
@@ -171,7 +171,30 @@ def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def read_checkpoint(path: Path, *, node_id: str, public_hex: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """Verify and decode a checkpoint written by `node_id`: (model tensors, state document or None)."""
+    """Verify and decode a checkpoint written by `node_id`: (model tensors, state document or None).
+    A damaged one names, where there is one, the intact previous checkpoint in its swap file."""
+    try:
+        return _read_checkpoint(path, node_id=node_id, public_hex=public_hex)
+    except CheckpointError as exc:
+        swap = swap_path(Path(path))
+        if "valid checkpoint" not in str(exc) or not swap.is_file():
+            raise
+        try:
+            _, previous = _read_checkpoint(swap, node_id=node_id, public_hex=public_hex)
+        except CheckpointError:
+            raise exc from None
+        round_ = (previous or {}).get("round")
+        which = "an earlier one" if round_ is None else f"round {round_}"
+        raise CheckpointError(f"{exc}. The previous checkpoint ({which}) is intact in {swap}: `mv {swap} {path}` and "
+                              "--resume again goes on from it") from None
+
+
+def swap_path(path: Path) -> Path:
+    """Where `write_swapped` keeps the previous content of `path`."""
+    return path.with_name(f".{path.name}.swap")
+
+
+def _read_checkpoint(path: Path, *, node_id: str, public_hex: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:

@@ -107,7 +107,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
 
     def resolve(p: str) -> Path:
         q = Path(p)
-        return q if q.is_absolute() else (base / q)
+        return q if q.is_absolute() else Path(os.path.normpath(base / q))  # "nodes/../keys" as "keys"
 
     key_file = resolve(raw["key_file"])
     roster = resolve(raw["roster"]) if with_roster else None

@@ -266,6 +266,9 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
     return out
 
 
+REASON_CHARS = 800  # room for a damaged checkpoint's two paths and the command that puts the previous one back
+
+
 def failure_lines(results: Mapping[str, Any], out: Path) -> list[str]:
     """One line per node that ended badly, under its id: the last line of its error (a
     traceback's is the exception), else the last line of its log."""
@@ -280,7 +283,7 @@ def failure_lines(results: Mapping[str, Any], out: Path) -> list[str]:
             tail = [line.strip() for line in log.read_text(errors="replace").splitlines()[-50:] if line.strip()] \
                 if log.is_file() else []
             reason = tail[-1] if tail else reason or "no error recorded"
-        lines.append(f"  {node['id']}: {reason[:300]}")
+        lines.append(f"  {node['id']}: {reason[:REASON_CHARS]}")
     return lines
 
 

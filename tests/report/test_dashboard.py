@@ -460,3 +460,26 @@ def test_a_lan_nodes_finished_folder_is_finished_and_waits_for_no_other_host(tmp
     assert [n["status"] for n in state["nodes"]] == ["on another host", "ok", "on another host"]
     assert state["done"] and state["progress"]["elapsed_s"] == 42.0
     assert state["progress"]["done"] == state["progress"]["total"] == 2
+
+
+def test_finding_10_the_dashboard_refuses_a_host_it_does_not_serve(tmp_path: Path) -> None:
+    """A DNS-rebinding page (its own name resolved to 127.0.0.1) sends its own name as Host:
+    before, it could read /api/state."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from p2pfl.report.dashboard import dashboard_app, host_allowed
+
+    assert host_allowed("127.0.0.1:8050", "127.0.0.1") and host_allowed("localhost:8050", "127.0.0.1")
+    assert host_allowed("[::1]:8050", "127.0.0.1") and host_allowed("10.0.0.5:8050", "0.0.0.0")
+    assert host_allowed("lab-box:8050", "lab-box") and not host_allowed(None, "127.0.0.1")
+    assert not host_allowed("rebind.attacker.example:8050", "127.0.0.1")
+
+    async def ask() -> tuple[int, int]:
+        async with TestClient(TestServer(dashboard_app(tmp_path))) as client:
+            ok = await client.get("/api/state")
+            evil = await client.get("/api/state", headers={"Host": "rebind.attacker.example:8050"})
+            return ok.status, evil.status
+
+    assert asyncio.run(ask()) == (200, 421)

@@ -432,3 +432,30 @@ def test_finding_9_a_copied_run_folder_resumes_in_the_copy_and_leaves_the_origin
     with pytest.raises(ConfigError, match=r"belongs to the run in .*original"):
         run_scenario(scenario, copy, progress=False, quiet=True, resume=True)
     assert {p: p.read_bytes() for p in original.rglob("*") if p.is_file()} == before
+
+
+def test_finding_10_a_damaged_checkpoint_is_named_in_the_summary_with_the_intact_previous_one(tmp_path: Path,
+                                                                                             capsys) -> None:
+    """Before: the node failed clearly in its log, the run's summary said nothing of why, and the
+    intact previous checkpoint in the swap file was never mentioned."""
+    import shutil
+
+    scenario = write_tiny(tmp_path, nodes=2, rounds=3, samples=40)
+    out = tmp_path / "run"
+    _, code = run_scenario(scenario, out, progress=False, quiet=True)
+    assert code == 0
+    damaged = out / "checkpoints" / "node-0.p2pfl"
+    swap = damaged.with_name(f".{damaged.name}.swap")
+    assert swap.is_file()
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    capsys.readouterr()
+    _, code = run_scenario(scenario, out, progress=False, resume=True)
+    err = capsys.readouterr().err
+    assert code == 1
+    [line] = [line for line in err.splitlines() if line.strip().startswith("node-0:")]
+    assert "not a valid checkpoint" in line and "round 2" in line and f"mv {swap} {damaged}" in line, line
+    shutil.move(swap, damaged)  # as the line says
+    resumed, code = run_scenario(scenario, out, progress=False, quiet=True, resume=True)
+    assert code == 0 and [r["round"] for r in resumed["nodes"][0]["rounds"]] == [1, 2, 3]  # round 3 run again

@@ -120,3 +120,23 @@ def test_the_dashboard_serves_on_a_free_port(tmp_path: Path) -> None:
             await runner.cleanup()
 
     assert asyncio.run(scenario()) == 200
+
+
+def test_finding_10_files_are_never_writable_by_others_whatever_the_umask(tmp_path: Path) -> None:
+    """Before: under `umask 000` configs and the roster came out world-writable."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    scenario = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
+    script = (f"import os, sys; os.umask(0); from p2pfl.cli import main; "
+              f"sys.exit(main(sys.argv[1:]))")
+    for args in (["lan", str(scenario), "--hosts", "10.0.0.1:9000,10.0.0.2:9000", "--out", str(tmp_path / "lan")],
+                 ["run", str(scenario), "--out", str(tmp_path / "run"), "--no-progress"]):
+        done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    written = [p for folder in ("lan", "run") for p in (tmp_path / folder).rglob("*")]
+    assert written
+    loose = [str(p) for p in written if os.stat(p).st_mode & (stat.S_IWGRP | stat.S_IWOTH)]
+    assert not loose, loose[:5]
