@@ -535,3 +535,45 @@ def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_unti
     assert seen["sent"] == size  # the two cut-off answers are not counted as sent
     timeouts = [r for r in node.transport.rejections if r[1] == 408 and "write timeout" in r[2]]
     assert len(timeouts) == 2
+
+
+def test_issue_48_finding_3_a_stalled_reader_is_aborted_and_its_buffered_answer_dropped(tmp_path: Path) -> None:
+    """Before, the write timeout closed the connection gracefully: asyncio then waits for the
+    write buffer to drain, which a reader that never reads never lets happen, so the socket and
+    its buffered copy of the model stayed (three waves of 16 stalled reads of a 13 MB model:
+    468 -> 983 MiB, never returned). Aborted, the connection is gone at the timeout."""
+    import socket
+
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key, ServerLimits(max_requests_per_peer=4, write_timeout_s=1.0))
+    big = {"w": np.zeros(8 * 2**20, np.float32)}
+    seen: dict[str, Any] = {}
+
+    def stalled_read(seq: int) -> socket.socket:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", node.config.port))
+        headers = _read_headers(peer_key, min_version=1, seq=seq)
+        sock.sendall(("GET /v1/parts/full?min_version=1 HTTP/1.1\r\nHost: x\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode())
+        return sock
+
+    async def scenario() -> None:
+        await node.transport.start(node.config.host, node.config.port)
+        await node.transport.publish(1, 1, {"full": big}, {"n_train": 10})
+        stalled = []
+        try:
+            for wave in range(3):
+                stalled += [await asyncio.to_thread(stalled_read, 10 * wave + i) for i in range(4)]
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 10.0  # the write timeout is 1 s: far inside this
+                while node.transport.connections and loop.time() < deadline:
+                    await asyncio.sleep(0.05)
+                seen[wave] = (len(node.transport.connections), node.transport._reads_by_peer.get("node-1"))
+        finally:
+            for sock in stalled:  # open all along: the server let go of them, not the readers
+                sock.close()
+            await node.transport.close()
+
+    asyncio.run(scenario())
+    assert seen == {0: (0, 0), 1: (0, 0), 2: (0, 0)}

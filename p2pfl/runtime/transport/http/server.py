@@ -100,9 +100,11 @@ class HttpServer:
                 response = await asyncio.wait_for(_stream(request, frame), timeout)
             except asyncio.TimeoutError:
                 self.rejections.add(requester, 408, "write_timeout", f"{requester} read {quote(part, 40)} ({frame.nbytes} "
-                                    f"bytes) slower than the write timeout of {timeout:g} s; connection closed")
+                                    f"bytes) slower than the write timeout of {timeout:g} s; connection aborted")
                 if request.transport is not None:
-                    request.transport.close()
+                    # Aborted, not closed: a graceful close waits for the write buffer to drain, which
+                    # a reader that never reads never lets happen (the socket and its copy stayed).
+                    request.transport.abort()
                 raise ConnectionResetError("reader too slow") from None
             self.counter.sent(part, frame.nbytes, frame.param_bytes)  # counted once it has gone
             return response
