@@ -121,3 +121,70 @@ def test_finding_7_connections_that_never_finish_a_handshake_are_capped_and_time
     assert seen["status"] == 200
     refused = [c for c in endpoint.rejections.summary()["counts"] if c["reason"] == "too_many_connections"]
     assert sum(c["count"] for c in refused) == 8
+
+
+def test_issue_48_finding_2_connections_are_released_on_close_error_and_timeout_without_a_collection(
+        tmp_path: Path) -> None:
+    """Before, a TLS connection's place under the cap while it shook hands was freed only by a full
+    garbage collection: 520 silent connections held 1 s locked the node out (0 of 7 744
+    handshakes, 0 of 28 reads, still at 65 s). Here with the collector off: thousands of TLS and
+    plain connections opened and dropped (closed, aborted, garbage sent, left to time out), the
+    count returns to zero each time, and a peer's read gets in at once."""
+    import gc
+    import socket
+
+    from p2pfl.runtime.transport import ServerLimits
+
+    path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, timeout=5.0)
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
+    endpoint = nodes[0].transport
+    endpoint.server_limits = ServerLimits(max_connections=64, handshake_timeout_s=1.0)
+    port = nodes[0].config.port
+    seen: dict[str, object] = {}
+
+    async def drained(name: str, seconds: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (endpoint.handshaking or endpoint.connections) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        seen[name] = (len(endpoint.handshaking), len(endpoint.connections))
+
+    def storm(how: str, count: int) -> None:
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port))
+            if how == "garbage":
+                sock.sendall(b"\x16\x03\x01\x00\x05hello")  # a broken ClientHello
+            elif how == "reset":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()
+
+    async def scenario() -> None:
+        await endpoint.start("127.0.0.1", port)
+        try:
+            for how in ("close", "reset", "garbage"):
+                await asyncio.to_thread(storm, how, 700)
+                await drained(how)
+            silent = await asyncio.to_thread(  # the finding's storm, from another thread: the node accepts meanwhile
+                lambda: [socket.create_connection(("127.0.0.1", port)) for _ in range(520)])
+            await asyncio.sleep(0.2)
+            seen["held while silent"] = len(endpoint.handshaking)
+            await drained("silent, past the handshake timeout")
+            for sock in silent:
+                sock.close()
+            async with aiohttp.ClientSession() as session:
+                for _ in range(5):
+                    async with session.get(f"https://127.0.0.1:{port}/v1/status", ssl=False) as r:
+                        seen.setdefault("reads", []).append(r.status)  # type: ignore[union-attr]
+            await drained("after the reads")
+        finally:
+            await endpoint.close()
+
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()
+    assert seen["held while silent"] == 64  # the cap, counted before the handshake
+    for name in ("close", "reset", "garbage", "silent, past the handshake timeout", "after the reads"):
+        assert seen[name] == (0, 0), (name, seen[name])
+    assert seen["reads"] == [200] * 5

@@ -9,7 +9,6 @@ function that says which tensors to expect.
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -19,7 +18,7 @@ import asyncio
 from p2pfl.runtime.tls import pin
 from p2pfl.runtime.transport.base import Carrier
 from p2pfl.runtime.transport.http.client import HttpClient
-from p2pfl.runtime.transport.http.guard import GuardedProtocol
+from p2pfl.runtime.transport.http.guard import GuardedProtocol, TlsHandshake
 from p2pfl.runtime.transport.http.server import HttpServer
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self._server: asyncio.AbstractServer | None = None
         self._session: aiohttp.ClientSession | None = None
         self.connections: set[GuardedProtocol] = set()
-        self.handshaking: weakref.WeakSet[GuardedProtocol] = weakref.WeakSet()
+        self.handshaking: set[TlsHandshake] = set()  # TLS connections counted before their handshake ends
         self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
 
     async def start(self, host: str, port: int) -> None:

@@ -1,9 +1,16 @@
 """The connection guard in front of aiohttp: a cap on open connections (counted before a TLS
-handshake), and a deadline for request headers, which aiohttp itself would wait for forever."""
+handshake), and a deadline for request headers, which aiohttp itself would wait for forever.
+
+Every counted connection is released by an event, never by the garbage collector: a plain one
+when it is lost; one still shaking hands when its handshake fails, times out or its socket
+closes (`TlsHandshake` runs the handshake itself, `loop.start_tls`, so that it sees each end).
+Before, handshaking connections sat in a weak set that only a full collection emptied: 520
+silent TLS connections from an outsider locked a node out for minutes."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from p2pfl.runtime.rejections import UNVERIFIED
@@ -23,22 +30,10 @@ class GuardedProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
-        if endpoint.tls is not None:
-            # Made at accept, before the TLS handshake (connection_made comes after it): the cap
-            # counts connections still shaking hands too. A protocol whose handshake failed is
-            # dropped by asyncio, and with it its place in the weak set.
-            held = len(endpoint.connections) + len(endpoint.handshaking)
-            if held >= endpoint.server_limits.max_connections:
-                endpoint.rejections.add(UNVERIFIED, 503, "too_many_connections",
-                                        f"connection refused before its TLS handshake: {held} open or shaking "
-                                        f"hands, limit {endpoint.server_limits.max_connections}")
-                raise ConnectionRefusedError("connection cap reached")  # asyncio closes the socket
-            endpoint.handshaking.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         ep = self.endpoint
-        ep.handshaking.discard(self)
         if len(ep.connections) >= ep.server_limits.max_connections:
             ep.rejections.add(UNVERIFIED, 503, "too_many_connections",
                               f"connection refused: {len(ep.connections)} open, limit {ep.server_limits.max_connections}")
@@ -83,3 +78,46 @@ class GuardedProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
+
+
+class TlsHandshake(asyncio.Protocol):
+    """A TLS connection from accept to the end of its handshake: counted against the cap from
+    the start, and released when the handshake ends however it ends; a finished handshake hands
+    the connection to a `GuardedProtocol`."""
+
+    def __init__(self, endpoint: Endpoint, app: Callable[[], GuardedProtocol]) -> None:
+        self.endpoint, self.app = endpoint, app
+        self.task: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ep = self.endpoint
+        held = len(ep.connections) + len(ep.handshaking)
+        if held >= ep.server_limits.max_connections:
+            ep.rejections.add(UNVERIFIED, 503, "too_many_connections",
+                              f"connection refused before its TLS handshake: {held} open or shaking hands, "
+                              f"limit {ep.server_limits.max_connections}")
+            transport.abort()
+            return
+        ep.handshaking.add(self)
+        transport.pause_reading()  # the ClientHello waits for start_tls, which resumes reading
+        self.task = asyncio.ensure_future(self._handshake(transport))  # type: ignore[arg-type]
+
+    async def _handshake(self, raw: asyncio.Transport) -> None:
+        ep = self.endpoint
+        app = self.app()
+        try:
+            secured = await asyncio.get_running_loop().start_tls(
+                raw, app, ep.tls, server_side=True, ssl_handshake_timeout=ep.server_limits.handshake_timeout_s)
+        except (Exception, asyncio.CancelledError):  # failed, timed out, or the peer went: start_tls closed it
+            raw.abort()
+            return
+        finally:
+            ep.handshaking.discard(self)
+        if secured is None:  # the socket closed as the handshake ended
+            return
+        app.connection_made(secured)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # before start_tls took the socket over
+        self.endpoint.handshaking.discard(self)
+        if self.task is not None:
+            self.task.cancel()

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from p2pfl.runtime.rejections import UNVERIFIED, sender_label
 from p2pfl.runtime.transport.base import MAX_VERSION, MAX_WAIT_S, REJECTED, Refused
-from p2pfl.runtime.transport.http.guard import GuardedProtocol
+from p2pfl.runtime.transport.http.guard import GuardedProtocol, TlsHandshake
 from p2pfl.wire import PREFIX_BYTES, Frame, WireError, authenticate_head, head_length, open_message
 from p2pfl.wire.errors import quote
 from p2pfl.wire.request import AUTH_HEADER, verify_request
@@ -38,9 +38,11 @@ class HttpServer:
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: GuardedProtocol(server(), self), host, port, reuse_address=True, ssl=self.tls,
-            ssl_handshake_timeout=self.server_limits.handshake_timeout_s if self.tls is not None else None)
+        if self.tls is None:
+            factory: Callable[[], asyncio.Protocol] = lambda: GuardedProtocol(server(), self)  # noqa: E731
+        else:  # the handshake runs under the guard, which counts it until it ends (guard.TlsHandshake)
+            factory = lambda: TlsHandshake(self, lambda: GuardedProtocol(server(), self))  # noqa: E731
+        self._server = await loop.create_server(factory, host, port, reuse_address=True)
 
     async def _close_server(self: Endpoint) -> None:
         if self._server is not None:
@@ -51,6 +53,9 @@ class HttpServer:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
+        for handshake in list(self.handshaking):
+            if handshake.task is not None:
+                handshake.task.cancel()
 
     @web.middleware
     async def _no_server_errors(self: Endpoint, request: web.Request,
