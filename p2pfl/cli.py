@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     forked = sub.add_parser("forked", help="run each node of CONFIG... in its own process, forked from this one after "
                                            "one import (placement = \"process\", start_method = \"fork\")")
-    forked.add_argument("configs", type=Path, nargs="+")
+    forked.add_argument("configs", type=Path, nargs="*")
+    forked.add_argument("--wait", action="store_true",
+                        help="import first, then take the configs as a JSON line on stdin (how `p2pfl run` starts it)")
     forked.add_argument("--resume", action="store_true", help="continue every node from its last checkpoint")
     forked.add_argument("--together", action="store_true", help=TOGETHER_HELP)
     _add_log_level(forked)
@@ -322,6 +324,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides = list(args.overrides)
         if args.ray is not None:
             overrides += ['runtime.placement="ray"', f"runtime.ray_address={json.dumps(args.ray)}"]
+        from p2pfl.hosting.warm import warm_up_for
+
+        warm_up_for(args.scenario, overrides)  # the node processes' parent imports while the fields are checked
         _fields_first(args.scenario, overrides)
         from p2pfl.scenario.launcher import all_of, run_scenario
 
@@ -367,8 +372,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise ConfigError("--together", "it says how a --resume goes on; pass --resume with it")
         return run_worker(args.configs, resume=args.resume, together=args.together)
     if args.command == "forked":
-        from p2pfl.forked import run_forked
+        from p2pfl.forked import run_forked, run_forked_when_told
 
+        if args.wait:
+            return run_forked_when_told()
+        if not args.configs:
+            raise ConfigError("configs", "name the node configs to fork (or --wait for them on stdin)")
         return run_forked(args.configs, resume=args.resume, together=args.together)
     if args.command == "coordinator":
         from p2pfl.coordinator.service import run_coordinator

@@ -13,6 +13,7 @@ SIGTERM to its children, leaves Ctrl-C to reach them from the terminal, and exit
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -40,6 +41,21 @@ def _child(path: Path, resume: bool, together: bool) -> int:
     os.close(log)
     # The CLI's own entry: a stop is one line and an exit status, as from `p2pfl node`.
     return main(["node", str(path), *(["--resume"] if resume else []), *(["--together"] if together else [])])
+
+
+def run_forked_when_told() -> int:
+    """`p2pfl forked --wait`: imported and waiting (started by the launcher before its checks,
+    `p2pfl.hosting.warm`); one JSON line on stdin names the configs, whether they resume (a run
+    resumed by the launcher resumes together) and this process's log. End of input: no run."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    order = json.loads(line)
+    log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+    resume = bool(order["resume"])
+    return run_forked([Path(p) for p in order["configs"]], resume=resume, together=resume)
 
 
 def run_forked(config_paths: Sequence[Path], resume: bool = False, together: bool = False) -> int:

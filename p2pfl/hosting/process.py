@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 import sys
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p2pfl.hosting import RESUME_TOGETHER, Hosts, Progress
+from p2pfl.hosting.warm import take
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import PROGRESS_PREFIX
 
@@ -41,8 +44,8 @@ async def spawn(args: Sequence[str], log_path: Path, threads: int, *,
     """A p2pfl process with `threads` BLAS threads, its stdout piped (progress lines), stderr to
     `log_path`. `die_with_parent` (Linux): killed when the process that started it dies, as a
     Ray actor's worker must be, or it would go on serving its nodes after its actor was lost."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    tie = _killed_with_parent if die_with_parent and sys.platform.startswith("linux") else None
+    env = node_env(threads)
+    tie = tie_to_parent if die_with_parent and sys.platform.startswith("linux") else None
     with open(log_path, "ab") as log:
         proc = await asyncio.create_subprocess_exec(
             *args, stdout=asyncio.subprocess.PIPE, stderr=log, env=env, preexec_fn=tie,
@@ -51,7 +54,13 @@ async def spawn(args: Sequence[str], log_path: Path, threads: int, *,
     return proc
 
 
-def _killed_with_parent() -> None:
+def node_env(threads: int) -> dict[str, str]:
+    """The environment of a p2pfl process this launcher starts: unbuffered, `threads` BLAS threads."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
+def tie_to_parent() -> None:
+    """(Linux, in the child before exec) killed when the process that started it dies."""
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
@@ -96,6 +105,9 @@ class ProcessHosting:
             done += 1
             progress(done)
 
+        warm = take() if self.fork else None
+        if warm is not None:  # started before the scenario's checks: its imports are done by now
+            return await self._hand_over(warm, out, node_paths, resume, tick)
         for name, paths in self.plan(node_paths).items():
             command = FORKED if name == FORKED else "node" if len(paths) == 1 and name == paths[0].stem else "worker"
             args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + RESUME_TOGETHER * resume
@@ -109,6 +121,33 @@ class ProcessHosting:
                     p.kill()
 
         return hosts, kill
+
+    async def _hand_over(self, warm: subprocess.Popen[bytes], out: Path, node_paths: list[Path], resume: bool,
+                         tick: Callable[[], None]) -> tuple[Hosts, Callable[[], None]]:
+        """Give the warm forking parent its nodes (one JSON line on its stdin) and follow it."""
+        assert warm.stdin is not None and warm.stdout is not None
+        order = {"configs": [str(p) for p in node_paths], "resume": resume, "log": str(RunFolder(out).log(FORKED))}
+        warm.stdin.write(json.dumps(order).encode() + b"\n")
+        warm.stdin.close()
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), warm.stdout)
+
+        async def followed() -> dict[str, int]:
+            try:
+                async for line in reader:
+                    if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
+                        tick()
+                code = await asyncio.to_thread(warm.wait)
+            finally:
+                transport.close()
+            return dict.fromkeys((p.stem for p in node_paths), code)
+
+        def kill() -> None:
+            if warm.poll() is None:
+                warm.kill()
+
+        return {FORKED: ([p.stem for p in node_paths], followed())}, kill
 
     def close(self) -> None:
         pass

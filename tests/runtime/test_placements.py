@@ -86,6 +86,26 @@ def test_forked_node_processes_give_the_same_run_as_spawned_ones(tmp_path: Path)
     assert len(pids) == 4 and None not in pids  # four processes, not four tasks of one
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform cannot fork")
+def test_p2pfl_run_hands_its_nodes_to_the_parent_it_warmed_up_during_the_checks(tmp_path: Path) -> None:
+    """`p2pfl run` starts the forking parent before it checks the scenario (its torch import then
+    runs beside the launcher's), gives it the configs once written, and the run is the usual one."""
+    from p2pfl.hosting import warm
+
+    scenario = write_tiny(tmp_path, nodes=3, rounds=2, samples=40)
+    assert main(["run", str(scenario), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert warm._WARM is None  # taken by the hosting, not left over
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [n["status"] for n in results["nodes"]] == ["ok"] * 3
+    assert len({n["pid"] for n in results["nodes"]}) == 3
+    assert (tmp_path / "run" / "logs" / "forked.log").is_file()
+    # A parent nobody gives configs to (the checks failed) ends at the end of its input.
+    idle = subprocess.Popen([sys.executable, "-m", "p2pfl", "forked", "--wait"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = idle.communicate(b"", timeout=120)
+    assert idle.returncode == 0 and b"Traceback" not in err
+
+
 def test_an_unknown_start_method_is_named(tmp_path: Path) -> None:
     scenario = write_tiny(tmp_path, nodes=2, rounds=1)
     with pytest.raises(ConfigError, match=r"runtime.start_method.*'fork', 'spawn'"):
