@@ -182,11 +182,16 @@ class Coordinator:
                 if not got:
                     self.log.warning("no node submitted round %d; stopping", r)
                     break
-                missing = self.expected - set(got)
+                missing = sorted(self.expected - set(got))
+                live: list[str] = []
                 if missing:
-                    self.log.warning("round %d: no statistics from %s; aggregating without them", r, sorted(missing))
-                # A node that missed a round, or said goodbye meanwhile, is not waited for again.
-                self.expected = set(got) - set(self.endpoint.departed)
+                    # A member that still answers was kept out (its pushes refused or lost), not gone:
+                    # it is waited for again, and the round says so. A silent one is not waited for again.
+                    statuses = await asyncio.gather(*(self.endpoint.status_of(p, timeout=2.0) for p in missing))
+                    live = [p for p, s in zip(missing, statuses) if s is not None and not s.get("done")]
+                    self.log.warning("round %d: no statistics from %s (%s still live); aggregating without them",
+                                     r, missing, live or "none")
+                self.expected = (set(got) | set(live)) - set(self.endpoint.departed)
                 subs = weighed_as_capped([got[k] for k in sorted(got)], sc.runtime.max_weight_ratio)
                 reply = await asyncio.to_thread(self.half.aggregate, r, subs)
                 held_acc = None
@@ -199,6 +204,7 @@ class Coordinator:
                 self.rounds.append({
                     "round": r, "weights": dict(reply.meta.get("weights", {})), "info": reply.info, "held_out_acc": held_acc,
                     "submitted": sorted(got), **self.counter.round_summary(r), "wall_s": time.perf_counter() - t0,
+                    **({"missing": missing, "missing_live": live} if missing else {}),
                 })
                 self.log.info("round %d aggregated from %d nodes, held-out acc %s", r, len(got), held_acc)
                 self.submissions.pop(r, None)
@@ -206,6 +212,10 @@ class Coordinator:
         except Exception as exc:
             status, error = "failed", "".join(traceback.format_exception(exc))
             self.log.error("coordinator failed:\n%s", error)
+        short = [x["round"] for x in self.rounds if x.get("missing_live")]
+        if status == "ok" and short:
+            status = "degraded"  # aggregated without live members: see each round's `missing_live`
+            error = f"rounds {short} were aggregated without members that were still live"
         self.done = True
         await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
         result = {
@@ -286,4 +296,4 @@ class Coordinator:
 def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
     logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
     result = asyncio.run(Coordinator(config, resume=resume).run())
-    return 1 if result["status"] == "failed" else 0
+    return 1 if result["status"] in ("failed", "degraded") else 0

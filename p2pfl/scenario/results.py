@@ -395,6 +395,11 @@ def format_summary(results: Mapping[str, Any]) -> str:
         lines.append(f"held-out domain accuracy (global model): {_pct(s['held_out_acc'])} % (best round {_pct(s['held_out_acc_best'])} %)")
     if s.get("nodes_failed"):
         lines.append(f"nodes that failed or ended isolated: {', '.join(s['nodes_failed'])}")
+    coordinator = results.get("coordinator") or {}
+    short = {x["round"]: x["missing_live"] for x in coordinator.get("rounds") or [] if x.get("missing_live")}
+    if short:
+        lines.append("warning: the coordinator aggregated rounds without members that were still live (their "
+                     "submissions did not arrive): " + "; ".join(f"round {r}: {', '.join(m)}" for r, m in short.items()))
     restarted = {n["id"]: [r.get("after_round") for r in n.get("restarts") or []] for n in results["nodes"]
                  if n.get("restarts")}
     if restarted:

@@ -73,3 +73,32 @@ def test_di_round_trip_through_the_coordinator(tmp_path):
             assert r["bytes_by_part"]["received"].get("global", 0) > 0
             assert r["bytes_by_part"]["sent"].get("full", 0) > 0  # the stats push carries the trained state
             assert r["strategy"].get("xi") is not None
+
+
+def test_issue_48_finding_1_a_live_member_kept_out_of_a_round_is_waited_for_again_and_named(tmp_path):
+    """Before, a node whose submission did not arrive in a round (its pushes refused while another
+    member filled the coordinator's budget) was never waited for again, and the run ended "ok".
+    Now the coordinator asks whether it is still live: it is waited for in the next rounds, the
+    round records it under `missing_live`, and the coordinator ends "degraded"."""
+    from p2pfl.runtime.strategy import COORDINATOR_ID
+
+    from .helpers import build_in_process, run_in_process, write_tiny
+
+    path = write_tiny(tmp_path, nodes=3, rounds=4, samples=40, algorithm="fedavg_global")
+    nodes, coordinator = build_in_process(path, tmp_path / "run", ("runtime.straggler_wait_s=3",))
+    assert coordinator is not None
+    starved = nodes[2].transport
+    push = starved.push
+
+    async def kept_out_in_round_2(target, *, round_, **kwargs):
+        if target == COORDINATOR_ID and round_ == 2:
+            return False  # as a push refused with 429 until it gave up
+        return await push(target, round_=round_, **kwargs)
+
+    starved.push = kept_out_in_round_2
+    results, coord, _ = run_in_process(nodes, coordinator)
+    assert [r["status"] for r in results] == ["ok"] * 3
+    rounds = {x["round"]: x for x in coord["rounds"]}
+    assert rounds[2]["missing"] == ["node-2"] and rounds[2]["missing_live"] == ["node-2"]
+    assert rounds[3]["submitted"] == rounds[4]["submitted"] == ["node-0", "node-1", "node-2"]  # waited for again
+    assert coord["status"] == "degraded" and "[2]" in coord["error"]

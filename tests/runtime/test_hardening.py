@@ -577,3 +577,93 @@ def test_issue_48_finding_3_a_stalled_reader_is_aborted_and_its_buffered_answer_
 
     asyncio.run(scenario())
     assert seen == {0: (0, 0), 1: (0, 0), 2: (0, 0)}
+
+
+def test_issue_48_findings_1_and_5_one_member_cannot_take_the_push_budget_nor_reuse_a_seq(tmp_path: Path) -> None:
+    """Before: a roster member's signed heads whose bodies never came filled the shared push
+    budget at no memory cost (the other members' pushes: 429 in 130 of 131 tries; on a coordinator
+    the attacker's submissions were the round's only ones), and four heads could share one
+    sequence number. Now each member holds at most its share of the budget (the budget over the
+    roster's members, at least one message's worth) and a seq is read once at a time."""
+    from p2pfl.runtime.transport import ServerLimits
+    from p2pfl.wire.envelope import head_length
+
+    from .helpers import build_in_process, write_tiny
+
+    nodes, _ = build_in_process(write_tiny(tmp_path, nodes=4, rounds=1, samples=40), tmp_path / "run")
+    node, attacker, honest = nodes[0], nodes[1], nodes[2]
+    frame = model_frame(attacker.parts.key, node, seq=1)
+    body_bytes = len(frame) - head_length(frame[:9], len(frame))
+    limit = node.transport.limits.max_message_bytes
+    node.transport.server_limits = ServerLimits(read_timeout_s=3.0, max_buffered_body_bytes=4 * limit)
+    out: dict[str, Any] = {}
+
+    def announced(seq: int, by: Any = attacker) -> tuple[bytes, int]:  # announcing `limit` bytes, no body sent
+        full = model_frame(by.parts.key, node, sender=by.config.id, seq=seq)
+        return full[:len(full) - body_bytes], limit
+
+    async def scenario() -> None:
+        await node.transport.start(node.config.host, node.config.port)
+        try:
+            held = [asyncio.create_task(_raw_post(node.config.port, *announced(100 + i), timeout=6.0)) for i in range(4)]
+            same = [asyncio.create_task(_raw_post(node.config.port, *announced(7, nodes[3]), timeout=6.0))
+                    for _ in range(2)]
+            await asyncio.sleep(0.5)
+            out["attacker holds"] = node.transport.buffered_by_sender.get("node-1")
+            async with aiohttp.ClientSession() as session:
+                statuses: dict[str, int] = {}
+                push = recording_push(session, f"http://127.0.0.1:{node.config.port}", statuses)
+                for i in range(5):
+                    await push(f"honest {i}", model_frame(honest.parts.key, node, sender="node-2", seq=200 + i))
+                out["honest"] = statuses
+            out["held"] = [a[:12] for a, _ in await asyncio.gather(*held)]
+            out["same seq"] = sorted(a[:12] for a, _ in await asyncio.gather(*same))
+            out["after"] = (node.transport.buffered_body_bytes, dict(node.transport.buffered_by_sender),
+                            set(node.transport.reading_seqs))
+        finally:
+            await node.transport.close()
+
+    asyncio.run(scenario())
+    head_bytes = len(frame) - body_bytes
+    assert out["attacker holds"] == limit - head_bytes  # within its share: 4 x limit over 4 members
+    assert sorted(out["held"]) == [b"HTTP/1.1 408"] + [b"HTTP/1.1 429"] * 3  # one waited for its body, three refused
+    assert set(out["honest"].values()) == {409}  # read whole and judged (not asked for), never 429
+    assert out["same seq"] == [b"HTTP/1.1 408", b"HTTP/1.1 409"]  # the second head of seq 7 refused at once
+    assert out["after"] == (0, {}, set())
+
+
+def test_issue_48_finding_1_a_push_told_to_retry_later_is_retried(tmp_path: Path) -> None:
+    """Before, a push answered 429 (the receiver's push budget taken) was dropped: on a coordinator
+    the honest nodes' submissions never came and the round went on without them."""
+    from p2pfl.runtime.transport import ServerLimits
+    from p2pfl.runtime.transport.base import GOODBYE
+    from p2pfl.wire.envelope import head_length
+
+    from .helpers import build_in_process, write_tiny
+
+    nodes, _ = build_in_process(write_tiny(tmp_path, nodes=3, rounds=1, samples=40), tmp_path / "run")
+    node, attacker, honest = nodes
+    frame = model_frame(attacker.parts.key, node, seq=1)
+    head = frame[:head_length(frame[:9], len(frame))]
+    limit = node.transport.limits.max_message_bytes
+    node.transport.server_limits = ServerLimits(read_timeout_s=1.5, max_buffered_body_bytes=limit - len(head))
+    out: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        await node.transport.start(node.config.host, node.config.port)
+        await honest.transport.start(honest.config.host, honest.config.port)
+        try:
+            holding = asyncio.create_task(_raw_post(node.config.port, head, limit, timeout=6.0))
+            await asyncio.sleep(0.3)  # the whole budget is the attacker's head's until its read times out
+            started = time.perf_counter()
+            out["delivered"] = await honest.transport.push("node-0", kind=GOODBYE, part="", round_=1, version=1,
+                                                           tensors={}, meta={"reason": "test"}, timeout=20.0)
+            out["seconds"] = time.perf_counter() - started
+            await holding
+        finally:
+            await honest.transport.close()
+            await node.transport.close()
+
+    asyncio.run(scenario())
+    assert out["delivered"] and out["seconds"] > 1.0  # after the attacker's read timed out, not given up at once
+    assert any(status == 429 and sender == "node-2" for sender, status, _ in node.transport.rejections)

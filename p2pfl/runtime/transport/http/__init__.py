@@ -37,6 +37,8 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self.connections: set[GuardedProtocol] = set()
         self.handshaking: set[TlsHandshake] = set()  # TLS connections counted before their handshake ends
         self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
+        self.buffered_by_sender: dict[str, int] = {}  # the same, per member: each has its share
+        self.reading_seqs: set[tuple[str, int]] = set()  # (sender, seq) of heads whose bodies are being read
 
     async def start(self, host: str, port: int) -> None:
         self._listen_at = (host, port)

@@ -118,7 +118,13 @@ class HttpClient:
                     self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
                     if resp.status == 202:
                         return True
-                    self.log.warning("push to %s: HTTP %d %s", target, resp.status, (await resp.text())[:200])
+                    text = (await resp.text())[:200]
+                    if resp.status in RETRY_LATER:  # the receiver is busy reading others: try again, a new seq
+                        self.log.info("push to %s: HTTP %d %s; retrying", target, resp.status, text)
+                        await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
+                        backoff = min(backoff * 2, 5.0)
+                        continue
+                    self.log.warning("push to %s: HTTP %d %s", target, resp.status, text)
                     return False
             except aiohttp.ServerFingerprintMismatch as exc:
                 self._pin_mismatch(target, exc)
@@ -148,6 +154,11 @@ class HttpClient:
                 return json.loads(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
+
+
+# Answers that say "not now" (the inbox's budget is taken, or the connection cap): before, a push
+# given one was dropped, so one member filling a coordinator's budget kept the others out of a round.
+RETRY_LATER = frozenset({429, 503})
 
 
 def _refused(exc: aiohttp.ClientConnectorError) -> bool:

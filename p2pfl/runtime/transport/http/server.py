@@ -151,16 +151,34 @@ class HttpServer:
             expected = self.accepted(header)
             body_bytes = total - len(head)
             budget = self.server_limits.max_buffered_body_bytes
-            if self.buffered_body_bytes + body_bytes > budget:
+            # One head per sequence number: the replay guard records a seq once its frame is whole,
+            # so heads sharing one would otherwise each hold a place while their bodies come.
+            if (header.sender, header.seq) in self.reading_seqs:
                 self.counter.received(REJECTED, received, 0)
-                return self._reject(header.sender, 429, f"{self.buffered_body_bytes} body bytes are being read, "
-                                    f"{body_bytes} more would pass the budget of {budget}; retry later",
-                                    kind="body_budget")
+                return self._reject(header.sender, 409, f"seq {header.seq} of {header.sender} is already being read",
+                                    kind="replayed")
+            # Each member's share of the budget (at least one message's worth): one member's heads
+            # whose bodies never come cannot take what the others' pushes need.
+            share = max(self.limits.max_message_bytes, budget // max(1, len(self.roster)))
+            held = self.buffered_by_sender.get(header.sender, 0)
+            if held + body_bytes > share or self.buffered_body_bytes + body_bytes > budget:
+                self.counter.received(REJECTED, received, 0)
+                return self._reject(header.sender, 429, f"{header.sender} has {held} body bytes being read (its share "
+                                    f"{share}), all {self.buffered_body_bytes} (budget {budget}); {body_bytes} more "
+                                    "would pass; retry later", kind="body_budget")
             self.buffered_body_bytes += body_bytes
+            self.buffered_by_sender[header.sender] = held + body_bytes
+            self.reading_seqs.add((header.sender, header.seq))
             try:
                 body = await read(body_bytes)
             finally:
                 self.buffered_body_bytes -= body_bytes
+                self.reading_seqs.discard((header.sender, header.seq))
+                left = self.buffered_by_sender[header.sender] - body_bytes
+                if left:
+                    self.buffered_by_sender[header.sender] = left
+                else:
+                    del self.buffered_by_sender[header.sender]
             message = open_message(head, body=body, roster=self.roster, recipient=self.node_id, replay=self.replay,
                                    limits=self.limits, expected=expected)
         except asyncio.IncompleteReadError as exc:
