@@ -216,6 +216,15 @@ def bound_update(tensors: Mapping[str, torch.Tensor], start: Mapping[str, torch.
     return clipped, distance, bound
 
 
+# A peer's part this many times over runtime.update_bound looks like poisoning: in the poisoning
+# table's bounded runs (runs/poison/*_b1: FedAvg, FedC2I, pFedSV, 3 seeds) honest parts lay at
+# most 5.5 times over without an attacker (10.8 once, pFedSV beside a label-flipper), a sign-flip
+# x1000 482 to 1744 times (refused from 100: runtime.update_refuse), Gaussian noise 4 to 24 times
+# (docs/security.md). A refusal counts in a peer's conduct (`p2pfl.scenario.trust`) as a part pulled back this far;
+# a neighbour this far over, or refused, in most rounds is asked no more (`Neighbours.judge`).
+FAR_BOUND_FACTOR = 10.0
+
+
 VARIANCE_SUFFIX = "running_var"
 
 

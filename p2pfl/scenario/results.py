@@ -14,7 +14,8 @@ from typing import Any
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.status import ENDED_BADLY
 from p2pfl.scenario.membership import has_churn, membership_timeline
-from p2pfl.scenario.trust import FAR_BOUND_FACTOR, run_trust
+from p2pfl.runtime.peer_claims import FAR_BOUND_FACTOR
+from p2pfl.scenario.trust import run_trust
 from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records, write_json_atomic
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology

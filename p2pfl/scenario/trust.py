@@ -23,13 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from p2pfl.runtime.node.records import participated
+from p2pfl.runtime.peer_claims import FAR_BOUND_FACTOR
 
-# A peer's part this many times over runtime.update_bound looks like poisoning: in the poisoning
-# table's bounded runs (runs/poison/*_b1: FedAvg, FedC2I, pFedSV, 3 seeds) honest parts lay at
-# most 5.5 times over without an attacker (10.8 once, pFedSV beside a label-flipper), a sign-flip
-# x1000 482 to 1744 times (refused from 100: runtime.update_refuse), Gaussian noise 4 to 24 times
-# (docs/security.md). A refusal counts in a peer's conduct as a part pulled back this far.
-FAR_BOUND_FACTOR = 10.0
 
 
 def node_trust(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

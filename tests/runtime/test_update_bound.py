@@ -316,3 +316,23 @@ def test_a_thousand_nodes_pulled_back_are_named_ten_at_a_time() -> None:
     assert note is not None and note.count("node-rounds)") == 10 and "and 990 more peers" in note
     assert "over: node-006 (7 of 2000 node-rounds), node-013 (7 of" in note  # the most frequent first
     assert "more peers" not in bounded_warning({"node-1": 2}, 3, {})
+
+
+def test_issue_48_finding_7_a_sign_flip_just_under_the_refusal_is_dropped_after_three_rounds(tmp_path: Path) -> None:
+    """A real run: node 0 publishes its update sign-flipped x90 (over the bound, under the 100x
+    refusal). Each honest node pulls it back three rounds, then asks it no more."""
+    from p2pfl.scenario.launcher import run_scenario
+
+    from .helpers import write_tiny
+
+    scenario = write_tiny(tmp_path, nodes=4, rounds=5, samples=60,
+                          extra='\n[attack]\nkind = "sign-flip"\nnodes = [0]\nscale = 90.0\n')
+    results, code = run_scenario(scenario, tmp_path / "run", ["runtime.update_bound=1"], progress=False, quiet=True)
+    assert code == 0
+    for node in results["nodes"][1:]:
+        rounds = node["rounds"]
+        # 77 to 113 times over: pulled back, or refused where over 100
+        assert all(r.get("peers_bounded_factor", {}).get("node-0", 0) >= 10 or "node-0" in r.get("peers_refused", {})
+                   for r in rounds[:3])
+        assert rounds[2]["neighbours"]["distrusted"] == ["node-0"]
+        assert all("node-0" not in r["arrived"] and "node-0" not in r.get("peers_refused", {}) for r in rounds[3:])

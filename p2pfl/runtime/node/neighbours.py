@@ -28,10 +28,11 @@ import numpy as np
 
 from p2pfl.runtime.metadata import MAX_NEWS
 from p2pfl.runtime.participation import version_to_ask
-from p2pfl.runtime.peer_claims import DeclaredSizes
+from p2pfl.runtime.peer_claims import FAR_BOUND_FACTOR, DeclaredSizes
 from p2pfl.runtime.strategy import Fetch
 
 WARN_EVERY = 5  # rounds between two warnings about the same silent peer
+DISTRUST_AFTER = 3  # rounds a neighbour answered before its conduct can have it dropped
 GOSSIP_ROUNDS = 3  # rounds a node passes on what it learned: a neighbour's neighbours hear it within them
 
 
@@ -50,6 +51,8 @@ class Neighbours:
         self.news: dict[str, tuple[int, int]] = {}  # member -> (+r joined in r / -r left before r, round learned)
         self.heard_live: dict[str, int] = {}  # member -> the round news said it was live (joined, back)
         self.reported_left: set[str] = set()  # news says it left: probed before waited for, never a stand-in
+        self.distrusted: set[str] = set()  # far over the bound, or refused, in most rounds: asked no more
+        self.conduct: dict[str, list[int]] = {}  # peer -> [rounds it answered, of them far over or refused]
         self.declared_sizes = DeclaredSizes()
         self.seed = seed
         self._warned: dict[str, int] = {}  # peer -> the round it was last reported silent
@@ -102,6 +105,24 @@ class Neighbours:
             del self.stand_ins[stand_in]
         self.asked = tuple(sorted(asked))
 
+    def judge(self, answered: Iterable[str], refused: Iterable[str], factors: Mapping[str, float], round_: int) -> None:
+        """One gather's conduct: a neighbour whose part lay FAR_BOUND_FACTOR or more times over the
+        update bound, or was refused, in most of the (at least DISTRUST_AFTER) rounds it answered
+        is asked no more and replaced: pulled back, a colluding pair just under the refusal still
+        cost FedAvg 6.5 points. Honest parts lay at most 10.8 times over once (docs/security.md)."""
+        refused = set(refused)
+        for peer in sorted(set(answered) | refused):
+            seen = self.conduct.setdefault(peer, [0, 0])
+            seen[0] += 1
+            seen[1] += peer in refused or factors.get(peer, 0.0) >= FAR_BOUND_FACTOR
+            if seen[0] >= DISTRUST_AFTER and 2 * seen[1] > seen[0] and peer not in self.distrusted:
+                self.distrusted.add(peer)
+                self.log.warning("round %d: %s sent parts far over the bound or refused in %d of %d rounds; "
+                                 "asked no more", round_, peer, seen[1], seen[0])
+                if peer in self.asked:
+                    self._note(round_, "distrusted", peer)
+                    self._replace(peer, round_)
+
     # ---- membership news ------------------------------------------------------------------
     def announce(self, member: str, first_round: int) -> None:
         """This node (or a member it saw come back) is live from `first_round`: news to pass on."""
@@ -143,7 +164,8 @@ class Neighbours:
         """`gone` is asked no more; a member drawn from the rest stands in for it, the same draw on
         every run with this seed (one stream per node, round and departed neighbour)."""
         asked = set(self.asked) - {gone}
-        excluded = asked | self.departed | self.unreachable | self.watched | self.reported_left | {gone}
+        excluded = (asked | self.departed | self.unreachable | self.watched | self.reported_left | self.distrusted
+                    | {gone})
         candidates = [m for m in self.members if m not in excluded and self.joined_by(m, round_ + 1)]
         # Members news says are live first; without any, the roster's others (a closed port costs nothing).
         candidates = [m for m in candidates if m in self.heard_live] or candidates
@@ -208,7 +230,11 @@ class Neighbours:
         return sorted((set(self.asked) | set(readers)) - self.departed)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"declared_sizes": dict(self.declared_sizes.pinned)}
+        return {"declared_sizes": dict(self.declared_sizes.pinned), "distrusted": sorted(self.distrusted),
+                "conduct": {p: list(c) for p, c in self.conduct.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.declared_sizes = DeclaredSizes(state.get("declared_sizes"))  # checkpoints made before it carry none
+        self.conduct = {str(p): [int(c[0]), int(c[1])] for p, c in (state.get("conduct") or {}).items()}
+        self.distrusted = {str(p) for p in state.get("distrusted") or []}
+        self.asked = tuple(p for p in self.asked if p not in self.distrusted)

@@ -116,6 +116,7 @@ class Round:
         arrived = await exchange.gather(fetches, r, checks, versions=versions)
         unanswered = kit.neighbours.warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived}
                                                 - set(checks.refused))
+        kit.neighbours.judge({m.sender for m in arrived}, checks.refused, checks.bounded_factor, r)
         clock.switch("aggregate")
         aggregated = await asyncio.to_thread(self.aggregate_and_score, arrived, trained.scores)
         kit.scorer.last = aggregated.scored.scores

@@ -118,3 +118,27 @@ def test_news_from_outside_the_roster_or_a_member_reporting_itself_gone_is_ignor
     t.depart("node-1", 3)
     t.hear("node-2", {"node-1": 5}, 5)  # gone is final: a later "joined" of a departed member is stale news
     assert "node-1" not in t.heard_live and t.news_for(5) == {"node-1": -3}
+
+
+def test_issue_48_finding_7_a_neighbour_far_over_the_bound_in_most_rounds_is_asked_no_more() -> None:
+    """A colluding pair's sign-flip x90 lay 94-100 times over the bound, just under the refusal:
+    pulled back every round, it still cost FedAvg 6.5 points. Honest parts lay at most 10.8 times
+    over, once; far over in most rounds (of at least 3), or refused, a neighbour is dropped."""
+    t = table(["node-1", "node-2", "node-3"])
+    for r in (1, 2, 3):
+        t.judge(["node-1", "node-2", "node-3"], [], {"node-1": 95.0, "node-2": 10.8 if r == 2 else 2.0}, r)
+    assert "node-1" not in t.asked and "node-1" in t.distrusted and "node-2" in t.asked
+    assert len(t.asked) == 3  # a stand-in from the roster took its place
+    assert t.changes()["distrusted"] == ["node-1"]
+    for r in (4, 5):  # never drawn as a stand-in again
+        t.depart(t.asked[0], r)
+        assert "node-1" not in t.asked
+    late = table(["node-1", "node-2"])
+    late.judge(["node-1"], [], {"node-1": 50.0}, 1)
+    late.judge(["node-1"], ["node-1"], {}, 2)  # refused counts as far
+    assert "node-1" in late.asked  # two rounds: too few to judge
+    late.judge(["node-1"], [], {"node-1": 1.0}, 3)
+    assert "node-1" not in late.asked  # 2 of 3
+    restored = table(["node-1", "node-2"])
+    restored.load_state_dict(late.state_dict())
+    assert "node-1" not in restored.asked and restored.conduct == late.conduct
