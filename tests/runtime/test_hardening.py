@@ -667,3 +667,40 @@ def test_issue_48_finding_1_a_push_told_to_retry_later_is_retried(tmp_path: Path
     asyncio.run(scenario())
     assert out["delivered"] and out["seconds"] > 1.0  # after the attacker's read timed out, not given up at once
     assert any(status == 429 and sender == "node-2" for sender, status, _ in node.transport.rejections)
+
+
+def test_issue_48_finding_10_signed_requests_are_rate_limited_per_member(tmp_path: Path) -> None:
+    """Before, one member's signed reads came 650-1 270 a second (1.67 GB of model in 25 s). Each
+    member now has a token bucket: past its burst it gets 429 with Retry-After, and another member
+    is served as before."""
+    from p2pfl.runtime.transport import ServerLimits
+    from p2pfl.runtime.transport.rate import MemberRates
+
+    clock = [0.0]
+    rates = MemberRates(per_s=10.0, burst=3.0, clock=lambda: clock[0])
+    assert [rates.take("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert rates.take("a") == pytest.approx(0.1) and rates.take("b") == 0.0  # a's bucket is a's alone
+    clock[0] = 0.1
+    assert rates.take("a") == 0.0 and rates.take("a") > 0
+    assert MemberRates(per_s=0, burst=0).take("a") == 0.0  # off
+
+    peer_key = NodeKey.generate()
+    node = _serving(tmp_path, peer_key, ServerLimits(requests_per_s_per_peer=1.0, request_burst_per_peer=5.0))
+    statuses: list[int] = []
+
+    async def scenario() -> None:
+        base = await _started(node)
+        try:
+            async with aiohttp.ClientSession() as session:
+                for seq in range(1, 9):
+                    async with session.get(f"{base}/v1/parts/full?min_version=1",
+                                           headers=_read_headers(peer_key, min_version=1, seq=seq)) as resp:
+                        statuses.append(resp.status)
+                        if resp.status == 429:
+                            assert int(resp.headers["Retry-After"]) >= 1
+        finally:
+            await node.transport.close()
+
+    asyncio.run(scenario())
+    assert statuses == [200] * 5 + [429] * 3
+    assert [r for r in node.transport.rejections if r[1] == 429 and "signed requests a second" in r[2]]

@@ -15,3 +15,7 @@ class ServerLimits:
     # Bodies of pushes being read at once, in bytes, whoever sent them; beyond it a push is
     # answered 429 before its body is read. A few of the largest messages fit (4 x 64 MiB).
     max_buffered_body_bytes: int = 256 * 2**20
+    # Signed requests (reads and pushes) a second per roster member, and the burst it may make at
+    # once (`p2pfl.runtime.transport.rate`); 0: no limit. An honest node makes a few a round.
+    requests_per_s_per_peer: float = 50.0
+    request_burst_per_peer: float = 200.0

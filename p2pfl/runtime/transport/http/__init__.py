@@ -19,6 +19,8 @@ from p2pfl.runtime.tls import pin
 from p2pfl.runtime.transport.base import Carrier
 from p2pfl.runtime.transport.http.client import HttpClient
 from p2pfl.runtime.transport.http.guard import GuardedProtocol, TlsHandshake
+from p2pfl.runtime.transport.limits import ServerLimits
+from p2pfl.runtime.transport.rate import MemberRates
 from p2pfl.runtime.transport.http.server import HttpServer
 
 if TYPE_CHECKING:
@@ -39,6 +41,15 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
         self.buffered_by_sender: dict[str, int] = {}  # the same, per member: each has its share
         self.reading_seqs: set[tuple[str, int]] = set()  # (sender, seq) of heads whose bodies are being read
+        self._rates: tuple[ServerLimits, MemberRates] | None = None
+
+    @property
+    def member_rates(self) -> MemberRates:
+        """Each member's token bucket, made anew when `server_limits` is replaced."""
+        if self._rates is None or self._rates[0] is not self.server_limits:
+            limits = self.server_limits
+            self._rates = (limits, MemberRates(limits.requests_per_s_per_peer, limits.request_burst_per_peer))
+        return self._rates[1]
 
     async def start(self, host: str, port: int) -> None:
         self._listen_at = (host, port)

@@ -71,6 +71,12 @@ class HttpClient:
                     if resp.status == 204:  # nothing published yet: the peer is still in its first round
                         await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                         continue
+                    if resp.status in RETRY_LATER:  # over the peer's rate or cap for now: wait as it says
+                        after = float(resp.headers.get("Retry-After", backoff)) if resp.headers.get(
+                            "Retry-After", "").isdigit() else backoff
+                        await asyncio.sleep(min(max(after, backoff), max(deadline - loop.time(), 0)))
+                        backoff = min(backoff * 2, 2.0)
+                        continue
                     if resp.status != 200:
                         self.log.warning("fetch %s/%s: HTTP %d %s", peer, part, resp.status, (await resp.text())[:200])
                         return None

@@ -88,6 +88,9 @@ class HttpServer:
         except WireError as exc:
             return self._reject(UNVERIFIED, exc.status, f"read of {quote(part, 20)}: {exc}", kind=exc.reason)
         requester = signed.requester
+        wait_s = self.member_rates.take(requester)
+        if wait_s > 0:
+            return self._rate_limited(requester, wait_s)
         if self._reads_by_peer.get(requester, 0) >= self.server_limits.max_requests_per_peer:
             return self._reject(requester, 429, f"{self._reads_by_peer[requester]} reads from {requester} already waiting",
                                 kind="too_many_requests")
@@ -146,6 +149,10 @@ class HttpServer:
             head = prefix + await read(head_length(prefix, total, self.limits) - len(prefix))
             header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
             sender, verified = header.sender, True
+            wait_s = self.member_rates.take(header.sender)
+            if wait_s > 0:
+                self.counter.received(REJECTED, received, 0)
+                return self._rate_limited(header.sender, wait_s)
             # A kind not taken, or a replayed or stale head, is refused before its body is read; and
             # the bodies read at once share one budget, so signed uploads held a byte short cannot pile up.
             expected = self.accepted(header)
@@ -195,6 +202,14 @@ class HttpServer:
 
     async def _status(self: Endpoint, request: web.Request) -> web.Response:
         return web.json_response(self.status())
+
+    def _rate_limited(self: Endpoint, member: str, wait_s: float) -> web.Response:
+        limits = self.server_limits
+        response = self._reject(member, 429, f"{member} is over {limits.requests_per_s_per_peer:g} signed requests a "
+                                f"second (burst {limits.request_burst_per_peer:g}); retry in {wait_s:.2f} s",
+                                kind="rate_limited")
+        response.headers["Retry-After"] = str(max(1, round(wait_s)))
+        return response
 
     def _reject(self: Endpoint, sender: str, status: int, reason: str, *, kind: str = "rejected") -> web.Response:
         self.rejections.add(sender, status, kind, reason)
