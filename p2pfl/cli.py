@@ -374,11 +374,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "forked":
         from p2pfl.forked import run_forked, run_forked_when_told
 
+        def node(path: Path, resume: bool = args.resume, together: bool = args.together) -> int:
+            """A forked child: `p2pfl node CONFIG`, so a stop is one line and an exit status as there."""
+            return main(["node", str(path), *(["--resume"] if resume else []), *(["--together"] if together else [])])
+
         if args.wait:
-            return run_forked_when_told()
+            return run_forked_when_told(lambda path, resume: node(path, resume, resume))
         if not args.configs:
             raise ConfigError("configs", "name the node configs to fork (or --wait for them on stdin)")
-        return run_forked(args.configs, resume=args.resume, together=args.together)
+        return run_forked(args.configs, node)
     if args.command == "coordinator":
         from p2pfl.coordinator.service import run_coordinator
         from p2pfl.runtime.config import load_node_config

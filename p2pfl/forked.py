@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import p2pfl.assembly  # noqa: F401  (imported once, before any fork: the point of forking)
@@ -26,9 +26,7 @@ from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.run_folder import RunFolder
 
 
-def _child(path: Path, resume: bool, together: bool) -> int:
-    from p2pfl.cli import main
-
+def _child(path: Path, run: Callable[[Path], int]) -> int:
     if sys.platform.startswith("linux"):  # killed with its parent, as a spawned node is with the launcher's kill
         import ctypes
 
@@ -39,11 +37,10 @@ def _child(path: Path, resume: bool, together: bool) -> int:
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 2)
     os.close(log)
-    # The CLI's own entry: a stop is one line and an exit status, as from `p2pfl node`.
-    return main(["node", str(path), *(["--resume"] if resume else []), *(["--together"] if together else [])])
+    return run(path)
 
 
-def run_forked_when_told() -> int:
+def run_forked_when_told(run: Callable[[Path, bool], int]) -> int:
     """`p2pfl forked --wait`: imported and waiting (started by the launcher before its checks,
     `p2pfl.hosting.warm`); one JSON line on stdin names the configs, whether they resume (a run
     resumed by the launcher resumes together) and this process's log. End of input: no run."""
@@ -54,11 +51,12 @@ def run_forked_when_told() -> int:
     log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 2)
     os.close(log)
-    resume = bool(order["resume"])
-    return run_forked([Path(p) for p in order["configs"]], resume=resume, together=resume)
+    return run_forked([Path(p) for p in order["configs"]], lambda path: run(path, bool(order["resume"])))
 
 
-def run_forked(config_paths: Sequence[Path], resume: bool = False, together: bool = False) -> int:
+def run_forked(config_paths: Sequence[Path], node: Callable[[Path], int]) -> int:
+    """Fork one child per config, each running `node(config_path)` (the CLI's `p2pfl node`
+    entry, so a stop is one line and an exit status as there); the worst of their statuses."""
     children: dict[int, str] = {}
     for path in config_paths:
         sys.stdout.flush()
@@ -67,7 +65,7 @@ def run_forked(config_paths: Sequence[Path], resume: bool = False, together: boo
         if pid == 0:
             code = 1
             try:
-                code = _child(path, resume, together)
+                code = _child(path, node)
             except BaseException:  # noqa: BLE001  (whatever it was, the child must not return into the parent's loop)
                 traceback.print_exc()
             finally:

@@ -12,6 +12,8 @@ launcher above it never loads a model to start a run. A hosting says where its n
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -22,6 +24,19 @@ Progress = Callable[[int], None]  # rounds finished so far over every node of th
 # A run resumed by the launcher resumes every node at once: each replays from its own checkpoint,
 # even where a neighbour's (synced later, as on Ray) holds a later round.
 RESUME_TOGETHER = ["--resume", "--together"]
+FORKED = "forked"  # the process that forks each node's (placement "process"), and its command: `p2pfl forked`
+
+
+def node_env(threads: int) -> dict[str, str]:
+    """The environment of a p2pfl process this launcher starts: unbuffered, `threads` BLAS threads."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
+def tie_to_parent() -> None:
+    """(Linux, in the child before exec) killed when the process that started it dies."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 class Hosting(Protocol):
@@ -61,4 +76,4 @@ def forks(start_method: str) -> bool:
     return start_method == "fork" or (start_method == "auto" and sys.platform.startswith("linux"))
 
 
-__all__ = ["Hosting", "Hosts", "Progress", "forks", "hosting_for"]
+__all__ = ["FORKED", "Hosting", "Hosts", "Progress", "forks", "hosting_for", "node_env", "tie_to_parent"]

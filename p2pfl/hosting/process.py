@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from p2pfl.hosting import RESUME_TOGETHER, Hosts, Progress
+from p2pfl.hosting import FORKED, RESUME_TOGETHER, Hosts, Progress, node_env, tie_to_parent
 from p2pfl.hosting.warm import take
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import PROGRESS_PREFIX
 
-
-FORKED = "forked"  # the process that forks each node's, and the command it runs (`p2pfl forked`)
 
 # Every process `spawn` started and not yet reaped: their pipes must close while the loop runs.
 _SPAWNED: "weakref.WeakSet[asyncio.subprocess.Process]" = weakref.WeakSet()
@@ -52,18 +48,6 @@ async def spawn(args: Sequence[str], log_path: Path, threads: int, *,
         )
     _SPAWNED.add(proc)
     return proc
-
-
-def node_env(threads: int) -> dict[str, str]:
-    """The environment of a p2pfl process this launcher starts: unbuffered, `threads` BLAS threads."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-
-
-def tie_to_parent() -> None:
-    """(Linux, in the child before exec) killed when the process that started it dies."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 async def exit_after_progress(proc: asyncio.subprocess.Process, tick: Callable[[], None]) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from p2pfl.errors import ConfigError
-from p2pfl.hosting import forks
+from p2pfl.hosting import FORKED, forks, node_env, tie_to_parent
 
 _WARM: subprocess.Popen[bytes] | None = None
 
@@ -43,8 +43,6 @@ def warm_up(torch_threads: int) -> None:
     global _WARM
     if _WARM is not None:
         return
-    from p2pfl.hosting.process import FORKED, node_env, tie_to_parent
-
     _WARM = subprocess.Popen([sys.executable, "-m", "p2pfl", FORKED, "--wait"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=node_env(torch_threads),
                              preexec_fn=tie_to_parent if sys.platform.startswith("linux") else None)

@@ -44,7 +44,6 @@ in the round's record and goes on without that part.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
