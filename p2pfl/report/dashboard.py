@@ -33,7 +33,7 @@ from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
 from p2pfl.scenario.results import format_summary
-from p2pfl.scenario.trust import run_trust
+from p2pfl.scenario.trust import run_trust, trust_places
 from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
 
 # Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
@@ -187,15 +187,8 @@ def _trust_heatmap(nodes: list[dict[str, Any]], ids: list[str]) -> dict[str, Any
     trust = run_trust(nodes) if len(ids) <= PER_NODE_MAX else None
     if trust is None:
         return {}
-    index = {nid: i for i, nid in enumerate(ids)}
-    matrix: list[list[float | None]] = [[None] * len(ids) for _ in ids]
-    for nid, view in trust["nodes"].items():
-        order = view["ranking"]
-        for place, peer in enumerate(order):
-            if nid in index and peer in index:
-                matrix[index[nid]][index[peer]] = place / (len(order) - 1) if len(order) > 1 else 0.0
     latest = max((r["round"] for n in nodes for r in n["rounds"]), default=0)
-    return {"trust": {"ids": ids, "matrix": matrix, "centre": None, "round": latest}}
+    return {"trust": {"ids": ids, "matrix": trust_places(trust, ids), "centre": None, "round": latest}}
 
 
 def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:

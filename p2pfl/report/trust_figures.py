@@ -11,21 +11,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from p2pfl.report.style import save_figure
+from p2pfl.scenario.trust import trust_places
 
 MAX_SHOWN = 60  # past this many nodes a node-by-peer picture is unreadable: the table has them all
 
 
-def trust_places(trust: Mapping[str, Any]) -> tuple[list[str], np.ndarray]:
-    """Every node id, and the node × peer matrix of places in the node's ranking (0 most
-    trusted, 1 least; NaN where the node did not judge the peer)."""
+def trust_matrix(trust: Mapping[str, Any]) -> tuple[list[str], np.ndarray]:
+    """Every node id, and `p2pfl.scenario.trust.trust_places` over them as an array (NaN where
+    the node did not judge the peer)."""
     ids = sorted(set(trust["nodes"]) | set(trust["federation"]), key=_natural)
-    at = {nid: i for i, nid in enumerate(ids)}
-    places = np.full((len(ids), len(ids)), np.nan)
-    for nid, view in trust["nodes"].items():
-        order = view["ranking"]
-        for place, peer in enumerate(order):
-            places[at[nid], at[peer]] = place / (len(order) - 1) if len(order) > 1 else 0.0
-    return ids, places
+    return ids, np.array(trust_places(trust, ids), dtype=float)
 
 
 def _natural(node_id: str) -> tuple[str, int]:
@@ -37,7 +32,7 @@ def plot_trust(results: Mapping[str, Any], out: Path) -> Path | None:
     trust = results.get("trust")
     if not trust or len(trust["nodes"]) > MAX_SHOWN:
         return None
-    ids, places = trust_places(trust)
+    ids, places = trust_matrix(trust)
     short = [nid.replace("node-", "") for nid in ids]
     federation = trust["federation"]
     fig, (ax, side) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [3, 2]})

@@ -104,3 +104,16 @@ def run_trust(nodes: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
             places[peer].append(place / (len(order) - 1) if len(order) > 1 else 0.0)
     federation = {p: {"mean_place": sum(v) / len(v), "ranked_by": len(v)} for p, v in sorted(places.items())}
     return {"nodes": views, "federation": federation}
+
+
+def trust_places(trust: Mapping[str, Any], ids: Sequence[str]) -> list[list[float | None]]:
+    """The node × peer matrix over `ids` of places in each node's ranking (0 most trusted, 1
+    least; None where the node did not judge the peer)."""
+    at = {nid: i for i, nid in enumerate(ids)}
+    places: list[list[float | None]] = [[None] * len(ids) for _ in ids]
+    for nid, view in trust["nodes"].items():
+        order = view["ranking"]
+        for place, peer in enumerate(order):
+            if nid in at and peer in at:
+                places[at[nid]][at[peer]] = place / (len(order) - 1) if len(order) > 1 else 0.0
+    return places

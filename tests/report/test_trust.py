@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.report.trust_figures import plot_trust, trust_places, trust_table
+from p2pfl.report.trust_figures import plot_trust, trust_matrix, trust_table
 from p2pfl.scenario.trust import FAR_BOUND_FACTOR, node_trust, ranked_last, ranking, run_trust
 
 ROUNDS = [
@@ -56,7 +56,7 @@ def test_the_federation_view_places_each_peer_over_the_nodes_that_judged_it(tmp_
     assert trust is not None
     assert trust["federation"]["node-2"] == {"mean_place": 1.0, "ranked_by": 2}
     assert trust["federation"]["node-1"] == {"mean_place": 0.0, "ranked_by": 1}
-    ids, places = trust_places(trust)
+    ids, places = trust_matrix(trust)
     assert ids == ["node-0", "node-1", "node-2"]
     assert places[0, 2] == 1.0 and places[1, 0] == 0.0 and math.isnan(places[2, 0])
     results = {"trust": trust}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -482,6 +483,17 @@ def test_finding_4_a_replayed_head_and_uploads_past_the_body_budget_are_refused_
     assert held == [3 * body_bytes, 0]
 
 
+def _stalled_read(port: int, key: NodeKey, seq: int) -> socket.socket:
+    """A signed read of node-0's "full" part on a socket with a tiny receive buffer, never read from."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    headers = _read_headers(key, min_version=1, seq=seq)
+    sock.sendall(("GET /v1/parts/full?min_version=1 HTTP/1.1\r\nHost: x\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode())
+    return sock
+
+
 def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_until_then(tmp_path: Path) -> None:
     """Before, a read counted against the per-peer cap only while it waited for a version, not
     while its answer was written, and writes had no timeout: 40 signed reads of a 13 MB model by
@@ -494,14 +506,7 @@ def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_unti
     seen: dict[str, Any] = {}
 
     def stalled_read(seq: int) -> socket.socket:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", node.config.port))
-        headers = _read_headers(peer_key, min_version=1, seq=seq)
-        request = "GET /v1/parts/full?min_version=1 HTTP/1.1\r\nHost: x\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-        sock.sendall(request.encode())
-        return sock  # and never read from it
+        return _stalled_read(node.config.port, peer_key, seq)
 
     async def scenario() -> None:
         await node.transport.start(node.config.host, node.config.port)
@@ -550,13 +555,7 @@ def test_issue_48_finding_3_a_stalled_reader_is_aborted_and_its_buffered_answer_
     seen: dict[str, Any] = {}
 
     def stalled_read(seq: int) -> socket.socket:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", node.config.port))
-        headers = _read_headers(peer_key, min_version=1, seq=seq)
-        sock.sendall(("GET /v1/parts/full?min_version=1 HTTP/1.1\r\nHost: x\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode())
-        return sock
+        return _stalled_read(node.config.port, peer_key, seq)
 
     async def scenario() -> None:
         await node.transport.start(node.config.host, node.config.port)

@@ -108,8 +108,9 @@ class Intake:
             check_magnitude(h.sender, h.part, tensors, checks.own_norms[h.part], settings.max_norm_ratio, flat)
             check_variances(h.sender, h.part, tensors)
             if bounded and self.buffer_keys[h.part]:
-                tensors = self.bounded_buffers(h.sender, h.part, tensors, checks)
-                flat = flattened(tensors)  # the weights' bound below is of the part with its buffers bounded
+                within = self.bounded_buffers(h.sender, h.part, tensors, checks)
+                if within is not tensors:  # the weights' bound below is of the part with its buffers pulled back
+                    tensors, flat = within, flattened(within)
             if bounded:
                 tensors = self.bounded(h.sender, h.part, tensors, checks, flat)
             if h.sender != COORDINATOR_ID:
