@@ -184,7 +184,11 @@ def test_issue_48_finding_2_connections_are_released_on_close_error_and_timeout_
         asyncio.run(scenario())
     finally:
         gc.enable()
-    assert seen["held while silent"] == 64  # the cap, counted before the handshake
+    # The cap, counted before the handshake: held places never pass it, and it was reached (silent
+    # ones past the 1 s handshake timeout give theirs back while the storm still comes).
+    assert 0 < seen["held while silent"] <= 64
+    refused = [c for c in endpoint.rejections.summary()["counts"] if c["reason"] == "too_many_connections"]
+    assert sum(c["count"] for c in refused) > 0
     for name in ("close", "reset", "garbage", "silent, past the handshake timeout", "after the reads"):
         assert seen[name] == (0, 0), (name, seen[name])
     assert seen["reads"] == [200] * 5
