@@ -21,6 +21,7 @@ import errno
 import gc
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,8 +67,23 @@ def progress_line(record: dict[str, Any]) -> str:
 def print_progress(record: dict[str, Any]) -> None:
     """A process of one node: each line at once (a test kills a node right after a given round),
     in one write, so that nodes forked from one parent (`p2pfl.forked`) never mix their lines."""
-    sys.stdout.write(progress_line(record) + "\n")
-    sys.stdout.flush()
+    write_progress(sys.stdout, progress_line(record) + "\n")
+
+
+def write_progress(stream: Any, text: str) -> None:
+    """Progress lines are for a reader that may be gone: a launcher stopping closes its end of the
+    pipe before its nodes are killed, and a node that failed on that BrokenPipeError wrote a
+    "failed" result in place of "stopped". The round is in the node's own rounds file either way;
+    later lines go nowhere."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        # The file descriptor itself points at /dev/null from now on, so that the interpreter's
+        # flush at exit does not fail on the buffered rest either (Python's documented remedy).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 # A worker of many nodes sends its progress lines in batches: one write to the launcher's pipe per
@@ -89,8 +105,7 @@ class BatchedProgress:
     def flush(self) -> None:
         if self._lines:
             lines, self._lines = self._lines, []
-            self.stream.write("".join(lines))
-            self.stream.flush()
+            write_progress(self.stream, "".join(lines))
 
     async def flush_every(self, every_s: float) -> None:
         """`flush` every `every_s` seconds until cancelled, and once more then."""

@@ -34,6 +34,7 @@ from p2pfl.runtime.checkpoint import (CheckpointError, read_resumable, restore_r
                                      scenario_digest)
 from p2pfl.runtime.churn import scripts_of
 from p2pfl.runtime.config import NodeConfig, node_ids
+from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.devices import host_snapshot, node_device, split_to_device, to_device
@@ -153,7 +154,7 @@ class Coordinator:
                 return got
             self.arrived.clear()
             try:
-                await asyncio.wait_for(self.arrived.wait(), timeout=remaining)
+                await wait_at_most(self.arrived.wait(), timeout=remaining)
             except asyncio.TimeoutError:
                 pass
 

@@ -117,19 +117,22 @@ class ProcessHosting:
         reader = asyncio.StreamReader()
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), warm.stdout)
 
+        def kill() -> None:
+            if warm.poll() is None:
+                warm.kill()
+
         async def followed() -> dict[str, int]:
             try:
                 async for line in reader:
                     if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
                         tick()
                 code = await asyncio.to_thread(warm.wait)
+            except asyncio.CancelledError:
+                kill()  # a stopped run: its nodes go before the pipe they write their progress to
+                raise
             finally:
                 transport.close()
             return dict.fromkeys((p.stem for p in node_paths), code)
-
-        def kill() -> None:
-            if warm.poll() is None:
-                warm.kill()
 
         return {FORKED: ([p.stem for p in node_paths], followed())}, kill
 

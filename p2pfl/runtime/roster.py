@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 from p2pfl.errors import ConfigError
+from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
 
 if sys.version_info >= (3, 11):
@@ -153,7 +154,7 @@ async def _probe(node_id: str, url: str, timeout_s: float) -> Probe:
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     started = time.perf_counter()
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        _, writer = await wait_at_most(asyncio.open_connection(host, port), timeout_s)
     except asyncio.TimeoutError:
         return Probe(node_id, url, False, timeout_s, f"no answer within {timeout_s:g} s")
     except OSError as exc:

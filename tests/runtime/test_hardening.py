@@ -703,3 +703,50 @@ def test_issue_48_finding_10_signed_requests_are_rate_limited_per_member(tmp_pat
     asyncio.run(scenario())
     assert statuses == [200] * 5 + [429] * 3
     assert [r for r in node.transport.rejections if r[1] == 429 and "signed requests a second" in r[2]]
+
+
+def test_issue_48_finding_10_one_member_holding_the_connection_cap_does_not_lock_another_out(tmp_path: Path) -> None:
+    """Before, a member that kept its connections open had another member's new connections
+    refused (96 of 98) while the cap was full. Now a newcomer takes the oldest place of the member
+    over its share (cap 6 over 3 members: 2 each), and the refusal names that member."""
+    from p2pfl.wire.keys import Roster
+
+    hog, honest = NodeKey.generate(), NodeKey.generate()
+    node = _serving(tmp_path, hog, ServerLimits(max_connections=6))
+    own = NodeKey.load(tmp_path / "node-0.key")
+    node.transport.roster = Roster({"node-0": own.public_hex, "node-1": hog.public_hex, "node-2": honest.public_hex})
+
+    async def signed_read(key: NodeKey, requester: str, seq: int) -> tuple[bytes, asyncio.StreamWriter]:
+        """A signed read on a new keep-alive connection: the status line answered, the connection kept."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.config.port)
+        token = request_for(key, requester, "node-0", "nothing", 0, seq)
+        writer.write(f"GET /v1/parts/nothing?min_version=0&wait=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"{AUTH_HEADER}: {token}\r\n\r\n".encode())
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 5.0), writer
+
+    async def scenario() -> dict[str, Any]:
+        await _started(node)
+        seen: dict[str, Any] = {}
+        writers = []
+        try:
+            for seq in range(1, 7):
+                line, writer = await signed_read(hog, "node-1", seq)
+                writers.append(writer)
+                seen.setdefault("hog", []).append(line.split(b" ")[1] if line else b"closed")
+            seen["full"] = len(node.transport.connections)
+            line, writer = await signed_read(honest, "node-2", 1)
+            writers.append(writer)
+            seen["honest"] = line.split(b" ")[1] if line else b"closed"
+            seen["held"] = sorted(str(g.member) for g in node.transport.connections.values())
+        finally:
+            for w in writers:
+                w.close()
+            await node.transport.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["hog"] == [b"404"] * 6 and seen["full"] == 6
+    assert seen["honest"] == b"404"  # served (no such part): let in, not refused
+    assert seen["held"] == ["node-1"] * 5 + ["node-2"]
+    assert node.transport.rejections.counts[("node-1", 503, "over_connection_share")] == 1

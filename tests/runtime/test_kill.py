@@ -218,3 +218,23 @@ def test_a_stopped_coordinator_says_one_line_and_no_traceback(tmp_path, sig):
     assert "Traceback" not in err, err[-3000:]
     said = [line for line in err.splitlines() if "interrupted" in line or "stopped by SIGTERM" in line]
     assert len(said) == 1 and "--resume" in said[0], err[-2000:]
+
+
+def test_a_node_whose_progress_reader_is_gone_goes_on(monkeypatch):
+    """A launcher that stops closes its end of the progress pipe before its nodes are killed: a
+    node that wrote its round's line then failed on BrokenPipeError and left a "failed" result
+    where "stopped" was true (CI, test_finding_10_sigterm_... above, once). Its lines now go
+    nowhere; the round is in its rounds file."""
+    import os
+
+    from p2pfl.assembly import BatchedProgress, print_progress
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as stream:
+        monkeypatch.setattr(sys, "stdout", stream)
+        print_progress({"id": "node-0", "round": 3})
+        print_progress({"id": "node-0", "round": 4})
+        batched = BatchedProgress(stream)
+        batched({"id": "node-1", "round": 4})
+        batched.flush()

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.wire import EncodedBody
 
 #: Parts published before round 1 (Strategy.setup's exchange) are named "setup.<name>".
@@ -122,7 +123,7 @@ class PartStore:
 
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout=max(timeout, 0.0))
+                await wait_at_most(self._changed.wait_for(ready), timeout=max(timeout, 0.0))
             except asyncio.TimeoutError:
                 pass
             return self.held(min_version)
@@ -145,7 +146,7 @@ class SetupStore(PartStore):
     async def wait_for_part(self, min_version: int, timeout: float, part: str) -> Published | None:
         async with self._changed:
             try:
-                await asyncio.wait_for(
+                await wait_at_most(
                     self._changed.wait_for(lambda: self.withdrawn or self.earliest(min_version, part) is not None),
                     timeout=max(timeout, 0.0))
             except asyncio.TimeoutError:

@@ -36,7 +36,7 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
         self._session: aiohttp.ClientSession | None = None
-        self.connections: set[GuardedProtocol] = set()
+        self.connections: dict[asyncio.BaseTransport, GuardedProtocol] = {}  # counted under the cap, by transport
         self.handshaking: set[TlsHandshake] = set()  # TLS connections counted before their handshake ends
         self.buffered_body_bytes = 0  # of pushes being read now (ServerLimits.max_buffered_body_bytes)
         self.buffered_by_sender: dict[str, int] = {}  # the same, per member: each has its share

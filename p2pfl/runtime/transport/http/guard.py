@@ -5,11 +5,17 @@ Every counted connection is released by an event, never by the garbage collector
 when it is lost; one still shaking hands when its handshake fails, times out or its socket
 closes (`TlsHandshake` runs the handshake itself, `loop.start_tls`, so that it sees each end).
 Before, handshaking connections sat in a weak set that only a full collection emptied: 520
-silent TLS connections from an outsider locked a node out for minutes."""
+silent TLS connections from an outsider locked a node out for minutes.
+
+The cap is shared fairly among members: a connection belongs to the member whose signed request
+it carried last, and while the cap is full a newcomer takes the place of the oldest connection of
+a member holding more than its share (the cap over the roster's members, at least one). Before,
+one member that kept its connections open had every other member's new connections refused."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -30,16 +36,20 @@ class GuardedProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
+        self.member: str | None = None  # whose signed request it carried last
+        self.opened = 0.0
+        self.admitted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         ep = self.endpoint
-        if len(ep.connections) >= ep.server_limits.max_connections:
+        if len(ep.connections) >= ep.server_limits.max_connections and not make_room(ep):
             ep.rejections.add(UNVERIFIED, 503, "too_many_connections",
                               f"connection refused: {len(ep.connections)} open, limit {ep.server_limits.max_connections}")
             transport.close()
             return
-        ep.connections.add(self)
+        ep.connections[transport] = self
+        self.admitted, self.opened = True, asyncio.get_running_loop().time()
         self._arm()
         self.inner.connection_made(transport)
 
@@ -69,8 +79,10 @@ class GuardedProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self in self.endpoint.connections:
-            self.endpoint.connections.discard(self)
+        if self.transport is not None and self.endpoint.connections.get(self.transport) is self:
+            del self.endpoint.connections[self.transport]
+        if self.admitted:
+            self.admitted = False
             self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -92,7 +104,7 @@ class TlsHandshake(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ep = self.endpoint
         held = len(ep.connections) + len(ep.handshaking)
-        if held >= ep.server_limits.max_connections:
+        if held >= ep.server_limits.max_connections and not make_room(ep):
             ep.rejections.add(UNVERIFIED, 503, "too_many_connections",
                               f"connection refused before its TLS handshake: {held} open or shaking hands, "
                               f"limit {ep.server_limits.max_connections}")
@@ -121,3 +133,31 @@ class TlsHandshake(asyncio.Protocol):
         self.endpoint.handshaking.discard(self)
         if self.task is not None:
             self.task.cancel()
+
+
+def connection_signed_by(endpoint: Endpoint, transport: asyncio.BaseTransport | None, member: str) -> None:
+    """The connection `transport` carried a request `member` signed: it counts as theirs."""
+    guard = endpoint.connections.get(transport) if transport is not None else None
+    if guard is not None:
+        guard.member = member
+
+
+def make_room(endpoint: Endpoint) -> bool:
+    """The cap is full: the member holding the most connections gives up its oldest, if it holds
+    more than its share. False where no member does (the newcomer is refused, as before)."""
+    guards = [g for g in endpoint.connections.values() if g.member is not None]
+    if not guards:
+        return False
+    member, count = Counter(g.member for g in guards).most_common(1)[0]
+    cap = endpoint.server_limits.max_connections
+    share = max(1, cap // max(1, len(endpoint.roster)))
+    if count <= share:
+        return False
+    oldest = min((g for g in guards if g.member == member), key=lambda g: g.opened)
+    endpoint.rejections.add(member, 503, "over_connection_share",
+                            f"{member} held {count} connections (its share {share}) while the cap of {cap} was "
+                            f"full: its oldest was aborted to let a newcomer in")
+    if oldest.transport is not None:
+        del endpoint.connections[oldest.transport]  # its place is the newcomer's now, not when the loss is seen
+        oldest.transport.abort()
+    return True

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.rejections import UNVERIFIED, sender_label
 from p2pfl.runtime.transport.base import MAX_VERSION, MAX_WAIT_S, REJECTED, Refused
-from p2pfl.runtime.transport.http.guard import GuardedProtocol, TlsHandshake
+from p2pfl.runtime.transport.http.guard import GuardedProtocol, TlsHandshake, connection_signed_by
 from p2pfl.wire import PREFIX_BYTES, Frame, WireError, authenticate_head, head_length, open_message
 from p2pfl.wire.errors import quote
 from p2pfl.wire.request import AUTH_HEADER, verify_request
@@ -50,7 +51,7 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
         self._server, self._runner = None, None
-        for connection in list(self.connections):
+        for connection in list(self.connections.values()):
             if connection.transport is not None:
                 connection.transport.close()
         for handshake in list(self.handshaking):
@@ -88,6 +89,7 @@ class HttpServer:
         except WireError as exc:
             return self._reject(UNVERIFIED, exc.status, f"read of {quote(part, 20)}: {exc}", kind=exc.reason)
         requester = signed.requester
+        connection_signed_by(self, request.transport, requester)
         wait_s = self.member_rates.take(requester)
         if wait_s > 0:
             return self._rate_limited(requester, wait_s)
@@ -105,7 +107,7 @@ class HttpServer:
                     else web.Response(status=204)
             timeout = self.server_limits.write_timeout_s
             try:
-                response = await asyncio.wait_for(_stream(request, frame), timeout)
+                response = await wait_at_most(_stream(request, frame), timeout)
             except asyncio.TimeoutError:
                 self.rejections.add(requester, 408, "write_timeout", f"{requester} read {quote(part, 40)} ({frame.nbytes} "
                                     f"bytes) slower than the write timeout of {timeout:g} s; connection aborted")
@@ -120,7 +122,7 @@ class HttpServer:
             self._reads_by_peer[requester] -= 1
 
     async def _read_exactly(self: Endpoint, request: web.Request, n: int) -> bytes:
-        return await asyncio.wait_for(request.content.readexactly(n), timeout=self.server_limits.read_timeout_s)
+        return await wait_at_most(request.content.readexactly(n), timeout=self.server_limits.read_timeout_s)
 
     async def _inbox(self: Endpoint, request: web.Request) -> web.Response:
         """Reads and verifies the signed head before it reads the body: a sender that is not
@@ -149,6 +151,7 @@ class HttpServer:
             head = prefix + await read(head_length(prefix, total, self.limits) - len(prefix))
             header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
             sender, verified = header.sender, True
+            connection_signed_by(self, request.transport, header.sender)
             wait_s = self.member_rates.take(header.sender)
             if wait_s > 0:
                 self.counter.received(REJECTED, received, 0)
