@@ -142,3 +142,28 @@ def test_a_worker_of_many_nodes_sends_its_progress_lines_in_batches(monkeypatch:
     lines = stream.text.splitlines()
     assert len(lines) == 8 and stream.flushes == 4  # a write and a flush per batch, the last at the end
     assert json.loads(lines[-1][len(PROGRESS_PREFIX):]) == {"id": "node-9", "round": 2, "participated": True}
+
+
+def test_many_asks_to_release_freed_memory_soon_make_one_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sixteen stalled readers aborted at once each ask; the heap is trimmed once, off the loop."""
+    import asyncio
+    import threading
+
+    from p2pfl.runtime import resources
+
+    calls: list[bool] = []
+    monkeypatch.setattr(resources, "release_freed_memory",
+                        lambda: calls.append(threading.current_thread() is not threading.main_thread()) or True)
+
+    async def main() -> None:
+        for _ in range(16):
+            resources.release_soon(delay_s=0.01)
+        await asyncio.sleep(0.3)
+        resources.release_soon(delay_s=0.01)  # a later ask is a new release
+        await asyncio.sleep(0.3)
+
+    asyncio.run(main())
+    if resources._malloc_trim() is None:
+        assert calls == []
+    else:
+        assert calls == [True, True]

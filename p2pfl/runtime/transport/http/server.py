@@ -12,6 +12,7 @@ from aiohttp import web
 
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.rejections import UNVERIFIED, sender_label
+from p2pfl.runtime.resources import release_soon
 from p2pfl.runtime.transport.base import MAX_VERSION, MAX_WAIT_S, REJECTED, Refused
 from p2pfl.runtime.transport.http.guard import GuardedProtocol, TlsHandshake, connection_signed_by
 from p2pfl.wire import PREFIX_BYTES, Frame, WireError, authenticate_head, head_length, open_message
@@ -115,6 +116,7 @@ class HttpServer:
                     # Aborted, not closed: a graceful close waits for the write buffer to drain, which
                     # a reader that never reads never lets happen (the socket and its copy stayed).
                     request.transport.abort()
+                    release_soon()  # its unsent copy is freed now; the heap gives the pages back
                 raise ConnectionResetError("reader too slow") from None
             self.counter.sent(part, frame.nbytes, frame.param_bytes)  # counted once it has gone
             return response
