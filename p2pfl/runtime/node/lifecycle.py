@@ -266,7 +266,8 @@ class Node:
 
     def _end_status(self, status: str) -> str:
         if status == "ok" and isolated(self.state.rounds):
-            self.log.warning("ended isolated: asked for peers in %d rounds and none ever answered",
+            self.log.warning("ended isolated: asked for peers in %d rounds and took in no peer's part (none "
+                             "answered, or each part that came was refused: see the result's `rejected`)",
                              sum(1 for x in self.state.rounds if x.get("asked")))
             return "isolated"
         if status == "ok" and rounds_alone(self.state.rounds):

@@ -110,5 +110,6 @@ def rounds_alone(rounds: Sequence[Mapping[str, Any]]) -> list[int]:
 
 
 def isolated(rounds: Sequence[Mapping[str, Any]]) -> bool:
-    """The strategy asked for peers and, over the whole run, none ever answered."""
+    """The strategy asked for peers and, over the whole run, no peer's part arrived (none answered,
+    or every part that came was refused)."""
     return any(x.get("asked") for x in rounds) and not any(x.get("arrived") for x in rounds)
