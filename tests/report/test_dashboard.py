@@ -293,14 +293,14 @@ def test_run_with_a_dashboard_keeps_serving_the_finished_run_until_ctrl_c(tmp_pa
     import os
     import pty
 
-    from tests.runtime.helpers import write_tiny
+    from tests.runtime.helpers import interruptible, write_tiny
 
     (port,) = free_ports(1, "127.0.0.1")
     scenario = write_tiny(tmp_path, nodes=2, rounds=2, samples=40)
     terminal, seat = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(tmp_path / "run"),
                              "--no-progress", "--dashboard", str(port)], stdin=seat, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     os.close(seat)
     try:
         deadline = time.monotonic() + 240

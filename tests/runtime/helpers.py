@@ -141,3 +141,13 @@ async def silent_peer(node: Node, peer: str = "node-1") -> AsyncIterator[None]:
         for writer in held:
             writer.close()
         await server.wait_closed()
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a process a test stops with SIGINT, as Ctrl-C at a terminal would: SIGINT
+    back at its default, which Python turns into KeyboardInterrupt. A process started from a
+    script's background job (`cmd &`, as CI may run the suite) inherits SIGINT ignored, and Python
+    then installs no handler for it: the test would wait for a stop that never comes."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -12,7 +12,7 @@ from p2pfl.runtime.status import PROGRESS_PREFIX
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
 
-from .helpers import write_tiny
+from .helpers import interruptible, write_tiny
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +123,7 @@ def test_a_stopped_run_says_one_line_and_no_traceback(tmp_path, how):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(out), "--no-progress"]
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 120
         rounds_file = out / "nodes" / "node-0.rounds.jsonl"
@@ -158,10 +158,10 @@ def test_a_stopped_node_and_dashboard_say_one_line_and_no_traceback(tmp_path, si
     out = tmp_path / "run"
     paths, _ = write_run_folder(scenario, out)
     nodes = [subprocess.Popen([sys.executable, "-m", "p2pfl", "node", str(p)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for p in paths]
+                              stderr=subprocess.PIPE, text=True, preexec_fn=interruptible) for p in paths]
     [port] = free_ports(1, "127.0.0.1")
     dashboard = subprocess.Popen([sys.executable, "-m", "p2pfl", "dashboard", str(out), "--port", str(port)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
         rounds_file = out / "nodes" / "node-0.rounds.jsonl"
         deadline = time.monotonic() + 120
@@ -198,7 +198,8 @@ def test_a_stopped_coordinator_says_one_line_and_no_traceback(tmp_path, sig):
     paths, coordinator_path = write_run_folder(scenario, out)
     assert coordinator_path is not None
     coordinator = subprocess.Popen([sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=interruptible)
     nodes = [subprocess.Popen([sys.executable, "-m", "p2pfl", "node", str(p)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for p in paths]
     try:
