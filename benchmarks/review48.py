@@ -46,6 +46,8 @@ from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import NodeKey
 from p2pfl.wire.request import AUTH_HEADER, request_for
 
+from hostile_memory import rss_mib, stalled_read  # noqa: E402  (benchmarks/, this script's folder)
+
 MODEL_MODULE = '''
 """A CNN with BatchNorm whose full part is 13 MB (float32)."""
 from torch import nn
@@ -91,13 +93,6 @@ linger_s = 2
 tls = {tls}
 update_bound = {update_bound}
 """
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 class Federation:
@@ -158,15 +153,6 @@ class Federation:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-
-
-def stalled_read(port: int, key: NodeKey, seq: int) -> socket.socket:
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    token = request_for(key, "node-1", "node-0", "full", 1, seq)
-    sock.sendall(f"GET /v1/parts/full?min_version=1 HTTP/1.1\r\nHost: x\r\n{AUTH_HEADER}: {token}\r\n\r\n".encode())
-    return sock
 
 
 def idle_peer(port: int) -> None:

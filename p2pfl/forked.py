@@ -22,15 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import p2pfl.assembly  # noqa: F401  (imported once, before any fork: the point of forking)
+from p2pfl.hosting import tie_to_parent
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.run_folder import RunFolder
 
 
 def _child(path: Path, run: Callable[[Path], int]) -> int:
     if sys.platform.startswith("linux"):  # killed with its parent, as a spawned node is with the launcher's kill
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        tie_to_parent()
     config = load_node_config(path)
     log_path = RunFolder(config.out).log(config.id)
     log_path.parent.mkdir(parents=True, exist_ok=True)

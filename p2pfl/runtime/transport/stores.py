@@ -123,7 +123,7 @@ class PartStore:
 
         async with self._changed:
             try:
-                await wait_at_most(self._changed.wait_for(ready), timeout=max(timeout, 0.0))
+                await wait_at_most(self._changed.wait_for(ready), timeout)
             except asyncio.TimeoutError:
                 pass
             return self.held(min_version)
@@ -148,7 +148,7 @@ class SetupStore(PartStore):
             try:
                 await wait_at_most(
                     self._changed.wait_for(lambda: self.withdrawn or self.earliest(min_version, part) is not None),
-                    timeout=max(timeout, 0.0))
+                    timeout)
             except asyncio.TimeoutError:
                 pass
             return self.earliest(min_version, part)
