@@ -23,13 +23,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from p2pfl import logs
+from p2pfl.errors import ConfigError
 from p2pfl.algorithms import build_strategy
 from p2pfl.attacks import build_attack
 from p2pfl.data import build_partition
@@ -38,6 +40,8 @@ from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.churn import NodeScript, scripts_of
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
+from p2pfl.runtime.federation.gossip import NoSeedAnswered
+from p2pfl.runtime.federation.service import FederationMember
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.devices import data_to_device, node_device
@@ -122,16 +126,20 @@ def node_seed(scenario_seed: int, index: int) -> int:
 
 
 def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False,
-                  together: bool = False, join: bool = False, on_round: RoundCallback | None = None) -> Node:
+                  together: bool = False, join: bool = False, on_round: RoundCallback | None = None,
+                  member: FederationMember | None = None) -> Node:
+    """`member`: this node's place in a federation (its config's `[federation]`, discovered
+    already): it trains on this host's own data and finds its peers from the federation."""
     sc = scenario or load_scenario(config.scenario, config.overrides)
     if not 0 <= config.index < sc.nodes:
         raise ValueError(f"node index {config.index} outside the scenario's {sc.nodes} nodes")
     # Only this node's tensors: nodes sharing a worker process must not each hold everybody's images.
-    partition = build_partition(sc.data, sc.nodes, sc.seed, only=[config.index])
+    # A federation's member holds this host's data, all of it: the scenario's data section as one node's.
+    partition = build_partition(sc.data, 1 if member else sc.nodes, sc.seed, only=[0 if member else config.index])
     device = node_device(sc.device, config.index)
-    seed = node_seed(sc.seed + sc.train.seed_offset, config.index)
+    seed = node_seed(sc.seed + sc.train.seed_offset, zlib.crc32(config.id.encode()) if member else config.index)
     attack = build_attack(sc.attack, config.index, seed)
-    data = partition.node(config.index)
+    data = partition.node(0 if member else config.index)
     if attack is not None:
         data = attack.training_data(data, partition.num_classes)
     data = data_to_device(data, device)
@@ -151,13 +159,13 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     # The roster keeps every peer (anyone may verify a message); the topology says whom this
     # node fetches from and waits for.
     ids = node_ids(sc.nodes)
-    adjacency = Topology.parse(sc.runtime.topology).neighbours_of(config.index, sc.nodes, sc.seed)
+    adjacency = [] if member else Topology.parse(sc.runtime.topology).neighbours_of(config.index, sc.nodes, sc.seed)
     neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
     # Each neighbour's rounds, from its own seeded draws and the churn schedule's joins: a round it
     # sits out (or is not there for yet) is asked of it at once, or not at all.
-    scripts = scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
-    peer_rounds = neighbour_rounds(sc, sorted(set(adjacency) | {j for j in range(sc.nodes) if scripts[j].join > 1}
-                                              - {config.index}), scripts)
+    scripts = [NodeScript()] * sc.nodes if member else scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
+    peer_rounds = {} if member else neighbour_rounds(
+        sc, sorted(set(adjacency) | {j for j in range(sc.nodes) if scripts[j].join > 1} - {config.index}), scripts)
     key = NodeKey.load(config.key_file)
     infos = dict(config.peers)
     if config.coordinator is not None:
@@ -172,6 +180,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
         safeguard=safeguard, peer_rounds=peer_rounds, script=scripts[config.index],
         joins_late=frozenset(ids[j] for j in range(sc.nodes) if scripts[j].late),
+        companions=(member,) if member else (),
     )
     return Node(config, node_settings(sc), parts, resume=resume, together=together, join=join, on_round=on_round)
 
@@ -210,9 +219,11 @@ HEAP_RELEASE_EVERY_S = 1.0
 
 
 async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, together: bool = False,
-                     join: bool = False, on_round: RoundCallback | None = None) -> list[dict[str, Any]]:
+                     join: bool = False, on_round: RoundCallback | None = None,
+                     members: Mapping[str, FederationMember] | None = None) -> list[dict[str, Any]]:
     """Build and run every node of `configs` on this event loop; each node's result goes into
-    its run folder as it ends. Their results, in order. `resume`, `together`, `join`: as `Node`'s."""
+    its run folder as it ends. Their results, in order. `resume`, `together`, `join`: as `Node`'s;
+    `members`: the federation member of a node that has one (by id)."""
     # The nodes of one worker share a scenario file: parsed once, not once per node.
     scenarios: dict[tuple[Path, tuple[str, ...]], Scenario] = {}
     for c in configs:
@@ -232,7 +243,7 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, tog
                 on_round(record)
 
         node = assemble_node(config, scenarios[(config.scenario, tuple(config.overrides))], resume=resume,
-                             together=together, join=join, on_round=recorded)
+                             together=together, join=join, on_round=recorded, member=(members or {}).get(config.id))
         node.prepare()
         if not folder.scenario.is_file():  # a LAN node's own folder: `p2pfl report` needs it to merge results
             folder.scenario.parent.mkdir(parents=True, exist_ok=True)
@@ -274,22 +285,48 @@ def run_worker(config_paths: Sequence[Path], resume: bool = False, together: boo
 
 def run_node(config: NodeConfig, resume: bool = False, together: bool = False, join: bool = False) -> int:
     logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
-    [result] = _hosting([config], resume, together, join)
+    members = None
+    if config.federation is not None:
+        try:
+            members = {config.id: federation_member(config)}
+        except NoSeedAnswered as exc:
+            print(f"{config.id}: {exc}", file=sys.stderr)
+            return 2
+    [result] = _hosting([config], resume, together, join, members)
     if result.get("rounds") is not None:
         print(f"{config.id}: {result['status']}, final accuracy {result.get('final_test_acc')}; "
               f"result in {RunFolder(config.out).node_result(config.id)}", file=sys.stderr)
     return exit_status([result])
 
 
+def federation_member(config: NodeConfig) -> FederationMember:
+    """This node's federation member, admitted by a seed already (NoSeedAnswered: by none)."""
+    assert config.federation is not None
+    sc = load_scenario(config.scenario, config.overrides)
+    if sc.runtime.transport not in ("http", "colocated"):
+        raise ConfigError("runtime.transport", f"a federation's members reach each other over HTTP; "
+                                               f"{sc.runtime.transport!r} cannot")
+    topology = Topology.parse(sc.runtime.topology)
+    degree = None if topology.kind == "full" else 2 if topology.kind == "ring" else topology.degree
+    member = FederationMember(config.federation, NodeKey.load(config.key_file), expected_members=sc.nodes,
+                              degree=degree, seed=zlib.crc32(config.id.encode()),
+                              log=logging.getLogger(f"p2pfl.{config.id}"))
+    logging.getLogger("p2pfl").info("trains on this host's own data (data.dataset = %r, all of it); finds its "
+                                    "peers from %s", sc.data.dataset, ", ".join(config.federation.seeds))
+    asyncio.run(member.discover())
+    return member
+
+
 def _hosting(configs: Sequence[NodeConfig], resume: bool, together: bool = False,
-             join: bool = False) -> list[dict[str, Any]]:
+             join: bool = False, members: Mapping[str, FederationMember] | None = None) -> list[dict[str, Any]]:
     """Run the nodes; a port already taken is one line and exit 2 (an empty result), not a traceback."""
     try:
         # Machine lines for whoever reads this process's stdout (the launcher, a pipe); a person
         # at a terminal reads the per-round log lines instead.
         on_round: RoundCallback | None = None if sys.stdout.isatty() else (
             print_progress if len(configs) == 1 else BatchedProgress(sys.stdout))
-        return asyncio.run(host_nodes(configs, resume=resume, together=together, join=join, on_round=on_round))
+        return asyncio.run(host_nodes(configs, resume=resume, together=together, join=join, on_round=on_round,
+                                      members=members))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the run: the checkpoints keep the rounds done
         logging.getLogger("p2pfl").warning("interrupted; rounds finished so far are checkpointed (--resume)")
         return [{"status": "interrupted"} for _ in configs]

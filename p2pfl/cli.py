@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each host (default 3)")
     check.add_argument("--no-probe", action="store_true", help="validate the file only")
 
+    from p2pfl.runtime.federation.operator import add_parser as add_federation
+
+    add_federation(sub)
+
     dash = sub.add_parser("dashboard", help="serve a live view of a run or compare folder, running or finished")
     dash.add_argument("run", type=Path, help="a run folder, or a compare folder (its table and per-row curves)")
     dash.add_argument("--port", type=int, default=8050)
@@ -283,8 +287,10 @@ def _keygen(args: argparse.Namespace) -> int:
     if args.url is not None:
         parse_peer({"url": url, "public_key": key.public_hex}, "--url")
     key.save(path)
+    path.with_suffix(".pub").write_text(key.public_hex + "\n")  # for `p2pfl federation admit`
     info = PeerInfo(url, key.public_hex, fingerprint(key, args.node_id) if args.tls else None)
-    print(f"# private key: {path} (mode 600; it never leaves this host)", file=sys.stderr)
+    print(f"# private key: {path} (mode 600; it never leaves this host); public key: {path.with_suffix('.pub')}",
+          file=sys.stderr)
     if args.url is None:
         print("# replace HOST:PORT with the address peers reach this host at", file=sys.stderr)
     if args.node_id == COORDINATOR_ID:
@@ -422,6 +428,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _keygen(args)
     if args.command == "roster":
         return _roster_check(args)
+    if args.command == "federation":
+        from p2pfl.runtime.federation.operator import main as federation_main
+
+        return federation_main(args)
     if args.command == "report":
         from p2pfl.report import make_report, report_held_out, report_poisoning
 

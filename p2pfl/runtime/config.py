@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import tomli_w
@@ -28,7 +28,11 @@ else:  # pragma: no cover
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
 
-NODE_FIELDS = {"id", "index", "host", "port", "key_file", "scenario", "out", "overrides", "peers", "coordinator", "roster"}
+if TYPE_CHECKING:
+    from p2pfl.runtime.federation.config import FederationConfig
+
+NODE_FIELDS = {"id", "index", "host", "port", "key_file", "scenario", "out", "overrides", "peers", "coordinator", "roster",
+               "federation"}
 
 
 def node_ids(n: int) -> list[str]:
@@ -52,6 +56,8 @@ class NodeConfig:
     # Where `peers`, `index` and `port` come from when they were read from a shared roster file:
     # saved as that reference, so that a run's N configs do not each repeat its N entries.
     roster: Path | None = None
+    # A federation's member (`p2pfl.runtime.federation`): no roster, no peers; they are found from seeds.
+    federation: FederationConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -61,6 +67,9 @@ class NodeConfig:
         }
         if self.roster is not None:
             doc["roster"] = str(self.roster)
+            return doc
+        if self.federation is not None:
+            doc.update(port=self.port, federation=self.federation.to_dict())
             return doc
         doc.update(index=self.index, port=self.port, peers={pid: p.to_dict() for pid, p in self.peers.items()})
         if self.coordinator is not None:  # TOML has no null: absent means none
@@ -74,6 +83,8 @@ class NodeConfig:
         for key in ("key_file", "scenario", "out", "roster"):
             if key in doc and Path(doc[key]).is_absolute():
                 doc[key] = os.path.relpath(doc[key], path.parent.resolve())
+        if "federation" in doc and Path(doc["federation"]["certificate"]).is_absolute():
+            doc["federation"]["certificate"] = os.path.relpath(doc["federation"]["certificate"], path.parent.resolve())
         path.write_text(tomli_w.dumps(doc))
 
 
@@ -91,10 +102,14 @@ def load_node_config(path: str | Path) -> NodeConfig:
     for key in raw:
         if key not in NODE_FIELDS:
             raise ConfigError(key, f"unknown field in {path}; allowed fields are {sorted(NODE_FIELDS)}")
-    with_roster = "roster" in raw
+    with_roster, with_federation = "roster" in raw, "federation" in raw
     if with_roster and ("peers" in raw or "coordinator" in raw):
         raise ConfigError("roster", f"{path} names a roster and lists peers too; keep one of them")
-    for key in ("id", "key_file", "scenario") + (() if with_roster else ("index", "port", "peers")):
+    if with_federation and ("roster" in raw or "peers" in raw or "coordinator" in raw or "index" in raw):
+        raise ConfigError("federation", f"{path}: a federation's member finds its peers from its seeds; "
+                                        "drop roster, peers, coordinator and index")
+    needed = ("port",) if with_federation else () if with_roster else ("index", "port", "peers")
+    for key in ("id", "key_file", "scenario") + needed:
         if key not in raw:
             raise ConfigError(key, f"missing in {path}" + ("" if with_roster or key != "peers" else
                                                            " (or name a shared roster file: roster = \"roster.toml\")"))
@@ -111,7 +126,12 @@ def load_node_config(path: str | Path) -> NodeConfig:
 
     key_file = resolve(raw["key_file"])
     roster = resolve(raw["roster"]) if with_roster else None
-    if roster is not None:
+    federation = None
+    if with_federation:
+        check_key_file(key_file)
+        federation = _federation(raw, base, key_file)
+        index, port, peers, coordinator = 0, raw["port"], {}, None
+    elif roster is not None:
         check_key_file(key_file)
         index, port, peers, coordinator = _from_roster(raw, roster, key_file)
     else:
@@ -127,8 +147,19 @@ def load_node_config(path: str | Path) -> NodeConfig:
     return NodeConfig(
         id=raw["id"], index=index, host=str(raw.get("host", "0.0.0.0")), port=port,
         key_file=key_file, scenario=resolve(raw["scenario"]), out=resolve(raw.get("out", "runs/node")),
-        peers=peers, coordinator=coordinator, overrides=tuple(overrides), roster=roster,
+        peers=peers, coordinator=coordinator, overrides=tuple(overrides), roster=roster, federation=federation,
     )
+
+
+def _federation(raw: Mapping[str, Any], base: Path, key_file: Path) -> FederationConfig:
+    from p2pfl.runtime.federation.config import parse_federation
+    from p2pfl.wire import NodeKey
+
+    try:
+        public = NodeKey.load(key_file).public_hex
+    except ValueError as exc:
+        raise ConfigError("key_file", str(exc)) from None
+    return parse_federation(raw["federation"], base, raw["id"], public)
 
 
 def check_key_file(path: Path) -> None:

@@ -32,7 +32,7 @@ from p2pfl.wire.errors import (
     WrongRecipient,
 )
 from p2pfl.wire.header import PROTOCOL_VERSION, Header
-from p2pfl.wire.keys import NodeKey, Roster
+from p2pfl.wire.keys import NodeKey, NotAMember, Roster
 from p2pfl.wire.limits import WireLimits
 from p2pfl.wire.replay import ReplayGuard
 
@@ -47,6 +47,7 @@ __all__ = [
     "MalformedMessage",
     "Message",
     "NodeKey",
+    "NotAMember",
     "NonFiniteValues",
     "OversizedMessage",
     "PROTOCOL_VERSION",

@@ -32,7 +32,7 @@ from p2pfl.wire.body import (
     padding,
     unpack_strict,
 )
-from p2pfl.wire.errors import BadSignature, MalformedMessage, OversizedMessage, UnknownSender, WrongRecipient, quote
+from p2pfl.wire.errors import BadSignature, MalformedMessage, OversizedMessage, WrongRecipient, quote
 from p2pfl.wire.header import PROTOCOL_VERSION, Header, pack_header, validate_header
 from p2pfl.wire.keys import SIGNATURE_BYTES, NodeKey, Roster
 from p2pfl.wire.limits import HEADER_OVERHEAD_BYTES, WireLimits
@@ -211,8 +211,6 @@ def _parse_frame(view: memoryview, limits: WireLimits, total: int | None = None)
 def _authenticate(view: memoryview, header: Header, signed_len: int, roster: Roster, recipient: str) -> None:
     if header.recipient != recipient:
         raise WrongRecipient(f"message is addressed to {quote(header.recipient)}, this node is {quote(recipient)}")
-    if header.sender not in roster:
-        raise UnknownSender(f"sender {quote(header.sender)} is not in the roster")
     roster.verify(header.sender, bytes(view[signed_len : signed_len + SIGNATURE_BYTES]), view[:signed_len])
     # The padding to the body is outside the signature: only zeros are accepted, so a relay
     # cannot make one signed frame into many different byte strings.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -107,21 +108,54 @@ def _interned(raw: bytes) -> bytes:
     return raw
 
 
-class Roster:
-    """The deployment's node ids and their public keys; the only peers whose messages are accepted."""
+class NotAMember(UnknownSender):
+    """A sender the federation refused or stopped admitting: `reason` names why (revoked, expired...)."""
 
-    __slots__ = ("_keys",)
+    def __init__(self, detail: str, cause: str) -> None:
+        super().__init__(detail)
+        self.reason = cause  # type: ignore[misc]  # per refusal, not per class
+
+
+class Roster:
+    """The members whose messages are accepted, with their public keys.
+
+    Fixed at launch for a roster file; a federation (`p2pfl.runtime.federation`) admits members while it
+    runs (`admit`) and takes them out (`refuse`, naming the cause its refusals then give), and a
+    certificate's expiry ends a member's admission without anyone saying so."""
+
+    __slots__ = ("_keys", "_expires", "_refused")
 
     def __init__(self, public_hex_by_id: Mapping[str, str]) -> None:
-        keys: dict[str, bytes] = {}
+        self._keys: dict[str, bytes] = {}
+        self._expires: dict[str, float] = {}
+        self._refused: dict[str, tuple[str, str]] = {}
         for node_id, hex_str in public_hex_by_id.items():
-            if not isinstance(node_id, str) or not node_id:
-                raise ValueError(f"roster: node id {quote(node_id)} must be a non-empty string")
-            keys[node_id] = _interned(_raw_key_from_hex(hex_str, f"roster: public key of node {quote(node_id)}"))
-        self._keys = keys
+            self.admit(node_id, hex_str)
+
+    def admit(self, node_id: str, public_hex: str, expires: float | None = None) -> None:
+        if not isinstance(node_id, str) or not node_id:
+            raise ValueError(f"roster: node id {quote(node_id)} must be a non-empty string")
+        self._keys[node_id] = _interned(_raw_key_from_hex(public_hex, f"roster: public key of node {quote(node_id)}"))
+        self._refused.pop(node_id, None)
+        if expires is None:
+            self._expires.pop(node_id, None)
+        else:
+            self._expires[node_id] = expires
+
+    def refuse(self, node_id: str, cause: str, detail: str) -> None:
+        """`node_id` is no member from now on; its messages are refused as `cause`."""
+        self._keys.pop(node_id, None)
+        self._expires.pop(node_id, None)
+        self._refused[node_id] = (cause, detail)
+
+    def refusal(self, node_id: str) -> str | None:
+        return self._refused.get(node_id, (None, ""))[0]
 
     def __contains__(self, node_id: object) -> bool:
-        return node_id in self._keys
+        if node_id not in self._keys:
+            return False
+        expires = self._expires.get(node_id)  # type: ignore[call-overload]
+        return expires is None or time.time() < expires
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -129,10 +163,21 @@ class Roster:
     def ids(self) -> list[str]:
         return sorted(self._keys)
 
-    def verify(self, sender: str, signature: bytes, data: bytes) -> None:
+    def require(self, sender: str) -> bytes:
+        """`sender`'s key, or the error that says why its messages are refused."""
         key = self._keys.get(sender)
         if key is None:
+            refused = self._refused.get(sender)
+            if refused is not None:
+                raise NotAMember(f"sender {quote(sender)} is no longer a member: {refused[1]}", refused[0])
             raise UnknownSender(f"sender {quote(sender)} is not in the roster")
+        expires = self._expires.get(sender)
+        if expires is not None and time.time() >= expires:
+            raise NotAMember(f"sender {quote(sender)}'s certificate expired", "certificate_expired")
+        return key
+
+    def verify(self, sender: str, signature: bytes, data: bytes) -> None:
+        key = self.require(sender)
         if len(signature) != SIGNATURE_BYTES:
             raise BadSignature(f"signature is {len(signature)} bytes, expected {SIGNATURE_BYTES}")
         try:

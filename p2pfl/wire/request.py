@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import msgpack
 
 from p2pfl.wire.body import unpack_strict
-from p2pfl.wire.errors import BadSignature, MalformedMessage, UnknownSender, WrongRecipient, quote
+from p2pfl.wire.errors import BadSignature, MalformedMessage, WrongRecipient, quote
 from p2pfl.wire.keys import SIGNATURE_BYTES, NodeKey, Roster
 from p2pfl.wire.replay import ReplayGuard
 
@@ -65,8 +65,7 @@ def verify_request(token: str | None, *, roster: Roster, target: str, part: str,
             or any(type(v) is not int for v in (doc[3], doc[5])) or type(doc[4]) not in (int, float)):
         raise MalformedMessage(f"{AUTH_HEADER} payload must be [requester, target, part, min_version, timestamp, seq]")
     request = ReadRequest(doc[0], doc[1], doc[2], doc[3], float(doc[4]), doc[5])
-    if request.requester not in roster:
-        raise UnknownSender(f"requester {quote(request.requester)} is not in the roster")
+    roster.require(request.requester)
     if len(signature) != SIGNATURE_BYTES:
         raise BadSignature(f"signature is {len(signature)} bytes, expected {SIGNATURE_BYTES}")
     roster.verify(request.requester, signature, payload)

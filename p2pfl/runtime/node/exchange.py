@@ -146,9 +146,15 @@ class Exchange:
             for waiting in checks.awaiting.values():
                 waiting.cancel()
             checks.awaiting = {}
+        # A member taken out while its part was on its way (revoked, expired) is not aggregated.
+        results = [r if r is None or r.sender in transport.peers else self._dropped(r) for r in results]
         self.neighbours.answered({f.peer for f in fetches}, {f.peer for f, r in zip(fetches, results) if r is None},
                                  round_)
         return [r for r in results if r is not None]
+
+    def _dropped(self, arrival: PeerModel) -> None:
+        self.log.warning("round %d: %s's %s dropped: it is no longer a member", self.ctx.round, arrival.sender, arrival.part)
+        return None
 
     async def run_setup(self, counter: Any, artefacts: ArtefactSink, *, late: bool = False,
                         joiners: bool = False) -> tuple[bool, dict[str, Any] | None]:

@@ -196,10 +196,13 @@ class Node:
         # are known), and a neighbour's read in its round waits for its version instead of being refused.
         late = (script.late and self.arrival == "fresh") or self.arrival == "join"
         await transport.start(cfg.host, cfg.port)
-        self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
         started = time.perf_counter()
         status, error, goodbye, resume_failed = "ok", None, "", False
         try:
+            for companion in self.parts.companions:
+                await companion.start(self)
+            self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port,
+                          len(transport.peers) - (cfg.coordinator is not None), sc.algorithm)
             first = 1
             if self.arrival == "resume":  # before the start wait: a missing or foreign checkpoint is an error now
                 first = await asyncio.to_thread(self.restore) + 1
@@ -250,6 +253,8 @@ class Node:
             await transport.say_goodbye(told + ([COORDINATOR_ID] if cfg.coordinator is not None else []), goodbye)
         else:
             await transport.linger(set(self.neighbours.asked), sc.linger_s)
+        for companion in self.parts.companions:
+            await companion.stop()
         # Closed before the result is taken, so that every message the node answered (and
         # every rejection) is in it.
         await transport.close()
@@ -302,4 +307,5 @@ class Node:
             "restarts": self.state.restarts, "membership": self.membership.events,
             "totals": self.parts.counter.totals(),
             "rejected": transport.rejections.summary(), "wall_s": wall_s,
+            **{companion.name: companion.summary() for companion in self.parts.companions},
         }

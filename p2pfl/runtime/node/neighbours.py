@@ -123,6 +123,22 @@ class Neighbours:
                     self._note(round_, "distrusted", peer)
                     self._replace(peer, round_)
 
+    def admit(self, member: str, from_round: int, rounds: int) -> bool:
+        """A member admitted while this node runs (a federation's newcomer, or one found at the
+        start): one that may stand in from now on, and asked from `from_round` on while this node
+        has fewer than `target` neighbours. True if it is asked."""
+        if member in self.departed or member in self.distrusted:
+            return False
+        self.members = tuple(sorted(set(self.members) | {member}))
+        if member in self.asked:
+            return True
+        if len(self.asked) >= self.target:
+            return False
+        self.peer_rounds[member] = frozenset(range(max(from_round, 1), rounds + 1))
+        self.asked = tuple(sorted(set(self.asked) | {member}))
+        self._note(from_round, "admitted", member)
+        return True
+
     # ---- membership news ------------------------------------------------------------------
     def announce(self, member: str, first_round: int) -> None:
         """This node (or a member it saw come back) is live from `first_round`: news to pass on."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -19,6 +20,21 @@ from p2pfl.training.trainer import LocalTrainer, PrivacyMechanism
 from p2pfl.wire import NodeKey
 
 PEER_PARTS = ("body", "head", "full")
+
+
+class Companion(Protocol):
+    """What runs beside a node while it listens, and changes whom it knows (a federation's member
+    exchange, `p2pfl.runtime.federation.service`): started once its port is open, before round 1
+    (it may wait there for members), stopped before the port closes; its `summary` goes into the
+    node's result under its `name`."""
+
+    name: str
+
+    async def start(self, node: Any) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def summary(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -41,3 +57,4 @@ class NodeParts:
     peer_rounds: Mapping[str, frozenset[int]] = field(default_factory=dict)
     script: NodeScript = NodeScript()       # its part of the churn schedule ([churn])
     joins_late: frozenset[str] = frozenset()  # neighbours that join after round 1: not waited for at the start
+    companions: tuple[Companion, ...] = ()

@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from p2pfl.runtime.accounting import CONTROL
@@ -94,6 +94,17 @@ class Carrier:
         self._seq = itertools.count(time.time_ns() // 1000)
         self._reads_by_peer: dict[str, int] = {}
         self.rejections = RejectionLog(self.log)
+        # name -> handler of a service served beside the parts (body in, or None for a read;
+        # (status, answer) out): what a membership layer above the carrier adds, e.g. a
+        # federation's member exchange. The carrier knows nothing of what they say.
+        self.services: dict[str, Callable[[bytes | None], Awaitable[tuple[int, bytes]]]] = {}
+        self._service_gate: asyncio.Semaphore | None = None
+
+    @property
+    def service_gate(self) -> asyncio.Semaphore:
+        if self._service_gate is None:
+            self._service_gate = asyncio.Semaphore(self.server_limits.services_at_once)
+        return self._service_gate
 
     @property
     def peers(self) -> Mapping[str, str]:

@@ -19,3 +19,7 @@ class ServerLimits:
     # once (`p2pfl.runtime.transport.rate`); 0: no limit. An honest node makes a few a round.
     requests_per_s_per_peer: float = 50.0
     request_burst_per_peer: float = 200.0
+    # A service's request body (`Carrier.services`: a federation's member exchange), and how many
+    # are handled at once: unsigned as a whole (each record in it is signed), so bounded here.
+    max_service_bytes: int = 4 * 2**20
+    services_at_once: int = 4

@@ -31,6 +31,7 @@ class HttpServer:
         app.router.add_get("/v1/parts/{part}", self._serve_part)
         app.router.add_post("/v1/inbox", self._inbox)
         app.router.add_get("/v1/status", self._status)
+        app.router.add_route("*", "/v1/service/{name}", self._service)
         return app
 
     async def _start_server(self: Endpoint, host: str, port: int) -> None:
@@ -122,6 +123,25 @@ class HttpServer:
             return response
         finally:
             self._reads_by_peer[requester] -= 1
+
+    async def _service(self: Endpoint, request: web.Request) -> web.Response:
+        """A service beside the node's own parts (`Carrier.services`: a federation's member
+        exchange): its body (None for a GET) in, its (status, bytes) out, a few at a time."""
+        name = request.match_info["name"]
+        handler = self.services.get(name)
+        if handler is None or request.method not in ("GET", "POST"):
+            return self._reject(UNVERIFIED, 404, f"no service {quote(name, 20)} ({request.method})", kind="no_service")
+        length = request.content_length
+        if request.method == "POST" and (length is None or length > self.server_limits.max_service_bytes):
+            return self._reject(UNVERIFIED, 413, f"service {name}: a body of at most "
+                                f"{self.server_limits.max_service_bytes} bytes, with its length, is taken", kind="oversized")
+        async with self.service_gate:
+            body = await self._read_exactly(request, length) if request.method == "POST" and length else (
+                b"" if request.method == "POST" else None)
+            status, answer = await handler(body)
+        if status != 200:
+            self.rejections.add(UNVERIFIED, status, name, f"service {name}: {answer[:200].decode(errors='replace')}")
+        return web.Response(status=status, body=answer, content_type="application/msgpack" if status == 200 else "text/plain")
 
     async def _read_exactly(self: Endpoint, request: web.Request, n: int) -> bytes:
         return await wait_at_most(request.content.readexactly(n), timeout=self.server_limits.read_timeout_s)
