@@ -108,7 +108,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
     if with_federation and ("roster" in raw or "peers" in raw or "coordinator" in raw or "index" in raw):
         raise ConfigError("federation", f"{path}: a federation's member finds its peers from its seeds; "
                                         "drop roster, peers, coordinator and index")
-    needed = ("port",) if with_federation else () if with_roster else ("index", "port", "peers")
+    # An outbound-only member (no [federation] url) is reached by nobody: any free port will do.
+    needed = () if with_federation else () if with_roster else ("index", "port", "peers")
     for key in ("id", "key_file", "scenario") + needed:
         if key not in raw:
             raise ConfigError(key, f"missing in {path}" + ("" if with_roster or key != "peers" else
@@ -130,7 +131,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
     if with_federation:
         check_key_file(key_file)
         federation = _federation(raw, base, key_file)
-        index, port, peers, coordinator = 0, raw["port"], {}, None
+        if "port" not in raw and federation.url is not None:
+            raise ConfigError("port", f"missing in {path}: where this node listens (its federation url names "
+                                      f"{federation.url})")
+        index, port, peers, coordinator = 0, raw.get("port", 0), {}, None
     elif roster is not None:
         check_key_file(key_file)
         index, port, peers, coordinator = _from_roster(raw, roster, key_file)

@@ -56,7 +56,7 @@ torch_threads = 1
 """
 
 
-def _host(tmp: Path, fed: Path, name: str, port: int, seed_port: int, capsys: pytest.CaptureFixture[str]) -> Path:
+def _host(tmp: Path, fed: Path, name: str, port: int | None, seed_port: int, capsys: pytest.CaptureFixture[str]) -> Path:
     """What one host does: its key, the operator's certificate for it, its config."""
     assert main(["keygen", name, "--out", str(tmp / name)]) == 0
     assert main(["federation", "admit", str(tmp / name / f"{name}.pub"), "--id", name, "--dir", str(fed),
@@ -65,13 +65,16 @@ def _host(tmp: Path, fed: Path, name: str, port: int, seed_port: int, capsys: py
     return _config(tmp, name, port, seed_port, fed / "federation.pub")
 
 
-def _config(tmp: Path, name: str, port: int, seed_port: int, federation_pub: Path, seed_wait_s: float = 30) -> Path:
+def _config(tmp: Path, name: str, port: int | None, seed_port: int, federation_pub: Path,
+            seed_wait_s: float = 30) -> Path:
+    """`port` None: an outbound-only host (no url: nobody reads it; it pushes its parts)."""
     config = tmp / name / "node.toml"
+    where = "" if port is None else f'port = {port}\n'
+    url = "" if port is None else f'url = "http://127.0.0.1:{port}"\n'
     config.write_text(
         f'id = "{name}"\nkey_file = "{name}.key"\nscenario = "../scenario.toml"\nout = "run"\nhost = "127.0.0.1"\n'
-        f"port = {port}\n\n[federation]\npublic_key = \"{federation_pub}\"\ncertificate = \"{name}.cert\"\n"
-        f'seeds = ["http://127.0.0.1:{seed_port}"]\nurl = "http://127.0.0.1:{port}"\ngossip_s = {GOSSIP_S}\n'
-        f"seed_wait_s = {seed_wait_s}\n")
+        f"{where}\n[federation]\npublic_key = \"{federation_pub}\"\ncertificate = \"{name}.cert\"\n"
+        f'seeds = ["http://127.0.0.1:{seed_port}"]\n{url}gossip_s = {GOSSIP_S}\nseed_wait_s = {seed_wait_s}\n')
     return config
 
 
@@ -134,6 +137,7 @@ def test_a_federation_grows_from_one_seed_admits_a_late_host_and_refuses_the_rev
     seed = f"http://127.0.0.1:{ports['h0']}"
     for name in ("h0", "h1", "h2", "h3"):
         _host(tmp, fed, name, ports[name], ports["h0"], capsys)
+    _host(tmp, fed, "out", None, ports["h0"], capsys)
     # A host admitted by another federation's key, and one whose only seed listens nowhere.
     assert main(["federation", "init", "--dir", str(tmp / "other")]) == 0
     _host(tmp, tmp / "other", "stranger", ports["stranger"], ports["h0"], capsys)
@@ -142,7 +146,7 @@ def test_a_federation_grows_from_one_seed_admits_a_late_host_and_refuses_the_rev
                  "--out", str(tmp / "lost" / "lost.cert")]) == 0
     _config(tmp, "lost", free_ports(1, "127.0.0.1")[0], ports["nobody"], fed / "federation.pub", seed_wait_s=1)
 
-    procs = {name: _start(tmp, name) for name in ("h0", "h1", "h2")}
+    procs = {name: _start(tmp, name) for name in ("h0", "h1", "h2", "out")}
     deadline = time.monotonic() + LIMIT_S
     try:
         _until("round 1 at the seed", lambda: (_round(ports["h0"]) or 0) >= 1, procs, tmp, deadline)
@@ -181,15 +185,17 @@ def test_a_federation_grows_from_one_seed_admits_a_late_host_and_refuses_the_rev
     assert seed_refused["h2"] == REVOKED
     assert "refused member 'stranger': wrong_federation" in logs["h0"]
 
-    for name in ("h0", "h1", "h3"):
+    for name in ("h0", "h1", "h3", "out"):
         result = results[name]
         assert result["status"] == "ok", (name, result["status"], logs[name][-2000:])
         assert [r["round"] for r in result["rounds"]][-1] == ROUNDS
         # Every member found the others from the one seed (h3 too, started late).
-        assert set(result["federation"]["members"]) == {"h0", "h1", "h3"} - {name}
+        assert set(result["federation"]["members"]) == {"h0", "h1", "h3", "out"} - {name}
         [removal] = [r for r in result["federation"]["removed"] if r["member"] == "h2"]
         assert removal["cause"] == REVOKED
-        assert removal["at"] - told_at <= GOSSIP_S, (name, removal["at"] - told_at)  # within one gossip period
+        # Within one gossip period: told at once (a flood), or, outbound only (no flood reaches it),
+        # at its next exchange, which the period schedules.
+        assert removal["at"] - told_at <= GOSSIP_S + (0.5 if name == "out" else 0), (name, removal["at"] - told_at)
         # No part of the revoked member is aggregated in a round that began after its removal.
         after = [r for r in result["rounds"] if r["started_at"] > removal["at"]]
         assert after and all("h2" not in r["arrived"] for r in after)
@@ -201,6 +207,14 @@ def test_a_federation_grows_from_one_seed_admits_a_late_host_and_refuses_the_rev
     assert all(r["arrived"] for r in results["h3"]["rounds"])
     h0_rounds = {r["round"]: r for r in results["h0"]["rounds"]}
     assert any("h3" in h0_rounds[r]["arrived"] for r in range(joined["round"] + 1, ROUNDS + 1))
+    # Nobody can read the outbound-only host: it took its neighbours' parts in every round, and they
+    # took the parts it pushed in every round from the first it was in step with them (a part it
+    # pushed for a round they had left is refused as stale, as a read's would be).
+    assert all(r["arrived"] for r in results["out"]["rounds"])
+    for name in ("h0", "h1", "h3"):
+        took = [r["round"] for r in results[name]["rounds"] if "out" in r["arrived"]]
+        assert took and took == list(range(took[0], ROUNDS + 1)), (name, took)
+        assert took[0] <= 10 or name == "h3"
     # The revoked member's reads are refused, by name, from then on.
     refusals = [c for r in ("h0", "h1", "h3") for c in results[r]["rejected"]["counts"] if REVOKED in json.dumps(c)]
     assert refusals, [results[r]["rejected"] for r in ("h0", "h1", "h3")]

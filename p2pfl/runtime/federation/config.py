@@ -9,7 +9,7 @@
     public_key = "federation.pub"             # the federation's public key: a file, or its 64 hex
     certificate = "alpha.cert"                # `p2pfl federation admit` made it for this node's key
     seeds = ["http://192.0.2.10:9000"]        # one to three members' addresses (this node's own: it is the first)
-    url = "http://192.0.2.11:9001"            # where the others reach this node
+    url = "http://192.0.2.11:9001"            # where the others reach this node; none: outbound only (behind NAT)
     # gossip_s = 2.0                          # between two exchanges with members drawn at random
     # seed_wait_s = 30.0                      # how long the seeds are tried before the node gives up
 """
@@ -35,13 +35,14 @@ class FederationConfig:
     public_key: str                  # the federation's (hex)
     certificate: Path
     seeds: tuple[str, ...]
-    url: str
+    url: str | None                  # None: nobody can reach this node; it pushes its parts
     gossip_s: float = 2.0
     seed_wait_s: float = 30.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"public_key": self.public_key, "certificate": str(self.certificate), "seeds": list(self.seeds),
-                "url": self.url, "gossip_s": self.gossip_s, "seed_wait_s": self.seed_wait_s}
+        out = {"public_key": self.public_key, "certificate": str(self.certificate), "seeds": list(self.seeds),
+               "gossip_s": self.gossip_s, "seed_wait_s": self.seed_wait_s}
+        return out if self.url is None else {**out, "url": self.url}
 
 
 def read_public_key(value: str, base: Path, where: str) -> str:
@@ -82,7 +83,7 @@ def parse_federation(raw: Any, base: Path, node_id: str, node_public: str) -> Fe
     for key in raw:
         if key not in FIELDS:
             raise ConfigError(f"federation.{key}", f"unknown field; allowed: {', '.join(FIELDS)}")
-    for key in ("public_key", "certificate", "seeds", "url"):
+    for key in ("public_key", "certificate", "seeds"):
         if key not in raw:
             raise ConfigError(f"federation.{key}", "missing")
     if not isinstance(raw["public_key"], str) or not isinstance(raw["certificate"], str):
@@ -92,7 +93,7 @@ def parse_federation(raw: Any, base: Path, node_id: str, node_public: str) -> Fe
     if not isinstance(seeds, list) or not 1 <= len(seeds) <= MAX_SEEDS:
         raise ConfigError("federation.seeds", f"expected 1 to {MAX_SEEDS} members' addresses, got {seeds!r}")
     seeds = tuple(_url(s, f"federation.seeds[{i}]") for i, s in enumerate(seeds))
-    url = _url(raw["url"], "federation.url")
+    url = _url(raw["url"], "federation.url") if "url" in raw else None
     numbers = {}
     for key, default in (("gossip_s", 2.0), ("seed_wait_s", 30.0)):
         value = raw.get(key, default)

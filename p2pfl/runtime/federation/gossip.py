@@ -157,15 +157,22 @@ class Gossip:
         self._task = asyncio.ensure_future(self._every_period())
 
     async def _every_period(self) -> None:
+        """At a fixed rate (a slow exchange does not push the next one later): an outbound-only
+        member, whom no flood reaches, hears of a revocation within a period and an exchange."""
+        loop = asyncio.get_running_loop()
+        tick = loop.time()
         while True:
-            await asyncio.sleep(self.period_s)
+            tick += self.period_s
+            await asyncio.sleep(max(0.0, tick - loop.time()))
             self.directory.expire()
             members = list(self.directory.reachable().items())
-            for _, url in self.rng.sample(members, min(FANOUT, len(members))):
-                try:
-                    await self.exchange(url)
-                except ExchangeFailed as failed:
-                    self.log.debug("gossip with %s: %s", url, failed)
+            await asyncio.gather(*(self._gossip_with(url) for _, url in self.rng.sample(members, min(FANOUT, len(members)))))
+
+    async def _gossip_with(self, url: str) -> None:
+        try:
+            await self.exchange(url)
+        except ExchangeFailed as failed:
+            self.log.debug("gossip with %s: %s", url, failed)
 
     def flood(self) -> None:
         """Pass the newest revocation list to every member known, now (not waited for)."""

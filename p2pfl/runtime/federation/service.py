@@ -55,6 +55,7 @@ class FederationMember:
     async def start(self, node: Any) -> None:
         self.node = node
         node.transport.services[SERVICE] = self.serve
+        node.exchange.outbound_only = self.config.url is None
         node.neighbours.target = self.degree or 1 << 30
         self.directory.on_admitted.append(self._admitted)
         self.directory.on_removed.append(self._removed)
@@ -89,8 +90,10 @@ class FederationMember:
         transport.roster.admit(record.member, record.public_key, record.certificate.expires)
         if record.url is not None:
             transport.urls[record.member] = record.url
-        node.neighbours.admit(record.member, node.round + 1, node.settings.rounds)
-        transport.expect_readers(set(transport.peers))  # whoever is admitted may read this node
+            node.neighbours.admit(record.member, node.round + 1, node.settings.rounds)
+        else:  # outbound only: a neighbour once it pushes (`Intake`), never read
+            node.neighbours.push_only.add(record.member)
+        transport.expect_readers(set(transport.peers) | node.neighbours.push_only)  # whoever is admitted may read it
 
     def _removed(self, member: str, cause: str, detail: str) -> None:
         self.removed.append({"member": member, "cause": cause, "round": self.node.round if self.node else 0,
@@ -100,6 +103,8 @@ class FederationMember:
         transport = self.node.transport
         transport.roster.refuse(member, cause, detail)
         transport.urls.pop(member, None)
+        self.node.neighbours.push_only.discard(member)
+        self.node.exchange.intake.early = {k: m for k, m in self.node.exchange.intake.early.items() if k[0] != member}
         self.node.neighbours.depart(member, self.node.round)
 
     async def serve(self, body: bytes | None) -> tuple[int, bytes]:

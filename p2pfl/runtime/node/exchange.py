@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from p2pfl.models import part_state
+from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.node.intake import Intake, RoundChecks
 from p2pfl.runtime.node.neighbours import Neighbours
@@ -32,10 +33,36 @@ class Exchange:
                  ctx: RoundContext, settings: NodeSettings, log: logging.Logger) -> None:
         self.transport, self.intake, self.neighbours = transport, intake, neighbours
         self.strategy, self.ctx, self.settings, self.log = strategy, ctx, settings, log
+        # Nobody can reach this node (behind NAT; hivemind's client_mode): it pushes its round's
+        # parts to its neighbours instead of waiting to be read.
+        self.outbound_only = False
+        self._pushing: set[asyncio.Future[None]] = set()
 
     async def publish(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         """Serve `parts` (host snapshots) as this node's version `round_`, with the strategy's metadata."""
         await self.transport.publish(round_, round_, parts, self.round_meta(round_))
+
+    async def publish_round(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]],
+                            meta: Mapping[str, Any]) -> None:
+        """Serve this round's parts; an outbound-only node (nobody can reach it: `outbound_only`)
+        also pushes them to each neighbour, who takes them in place of a read."""
+        await self.transport.publish(round_, round_, parts, meta)
+        if self.outbound_only:
+            for peer in self.neighbours.asked:
+                if peer == COORDINATOR_ID:
+                    continue
+                for name, tensors in parts.items():
+                    task = asyncio.ensure_future(self._push_part(peer, name, round_, tensors, meta))
+                    self._pushing.add(task)
+                    task.add_done_callback(self._pushing.discard)
+
+    async def _push_part(self, peer: str, part: str, round_: int, tensors: Mapping[str, torch.Tensor],
+                         meta: Mapping[str, Any]) -> None:
+        try:
+            await self.transport.push(peer, kind="model", part=part, round_=round_, version=round_, tensors=tensors,
+                                      meta=meta, timeout=self.settings.fetch_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a push that fails is a part the neighbour does not get
+            self.log.warning("round %d: push of %s to %s failed: %r", round_, part, peer, exc)
 
     async def first_served(self, peers: Sequence[str], part: str, at_least: int, wait: float) -> Message | None:
         """The first answer among `peers` for `part` at version `at_least` or later, each read
@@ -96,9 +123,14 @@ class Exchange:
         settings, transport = self.settings, self.transport
         loop = asyncio.get_running_loop()
         self.intake.current = checks
-        checks.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches if f.peer in transport.peers}
+        push_only = self.neighbours.push_only
+        checks.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches
+                           if f.peer in transport.peers or f.peer in push_only}
+        self._take_early(checks, round_, versions)
 
         async def one(fetch: Fetch) -> PeerModel | None:
+            if fetch.peer in push_only and fetch.peer not in transport.peers:
+                return await self._pushed(fetch, checks, wait)
             if fetch.peer not in transport.peers:
                 self.log.warning("strategy asked for unknown peer %r", fetch.peer)
                 return None
@@ -147,10 +179,35 @@ class Exchange:
                 waiting.cancel()
             checks.awaiting = {}
         # A member taken out while its part was on its way (revoked, expired) is not aggregated.
-        results = [r if r is None or r.sender in transport.peers else self._dropped(r) for r in results]
+        results = [r if r is None or r.sender in transport.peers or r.sender in push_only else self._dropped(r)
+                   for r in results]
         self.neighbours.answered({f.peer for f in fetches}, {f.peer for f, r in zip(fetches, results) if r is None},
                                  round_)
         return [r for r in results if r is not None]
+
+    def _take_early(self, checks: RoundChecks, round_: int, versions: Mapping[str, int]) -> None:
+        """Parts outbound-only neighbours pushed before this gather began answer its fetches now."""
+        for (peer, part), waiting in checks.awaiting.items():
+            early = self.intake.early.pop((peer, part), None)
+            if early is None or early.header.version < versions.get(peer, round_):
+                continue
+            try:
+                waiting.set_result(self.intake.peer_model(early, checks))
+            except ClaimRefused as exc:
+                checks.refused[peer] = str(exc)
+                self.transport.rejections.add(peer, exc.status, exc.reason, str(exc))
+                waiting.set_result(None)
+
+    async def _pushed(self, fetch: Fetch, checks: RoundChecks, wait: float | None) -> PeerModel | None:
+        """An outbound-only neighbour's part: what it pushes within the fetch timeout (only what it
+        pushed already, if it was silent last round: it cannot be probed)."""
+        pushed = checks.awaiting[(fetch.peer, fetch.part)]
+        if pushed.done() or fetch.peer in self.neighbours.unreachable:
+            return pushed.result() if pushed.done() else None
+        try:
+            return await wait_at_most(asyncio.shield(pushed), wait if wait is not None else self.settings.fetch_timeout_s)
+        except asyncio.TimeoutError:
+            return None
 
     def _dropped(self, arrival: PeerModel) -> None:
         self.log.warning("round %d: %s's %s dropped: it is no longer a member", self.ctx.round, arrival.sender, arrival.part)

@@ -60,6 +60,8 @@ class Intake:
         self.extra = extra  # parts besides the model's own (the coordinator's replies, setup parts)
         self.neighbours = neighbours
         self.current = RoundChecks(0)
+        # (outbound-only neighbour, part) -> the newest part it pushed before a gather waited for it.
+        self.early: dict[tuple[str, str], Message] = {}
 
     def expected(self, kind: str, part: str) -> dict[str, tuple[tuple[int, ...], str]] | None:
         if kind != "model":
@@ -79,6 +81,9 @@ class Intake:
         (sender, part), at a version within one round of its own; it then answers the fetch."""
         h, checks = message.header, self.current
         waiting = checks.awaiting.get((h.sender, h.part))
+        if (waiting is None or waiting.done()) and h.sender in self.neighbours.push_only:
+            self._keep_early(message)
+            return
         if waiting is None or waiting.done():
             raise PushRefused(f"{h.sender}/{h.part} was not asked for (this node is in round {checks.round})")
         if not checks.round - 1 <= h.version <= checks.round + 1:
@@ -88,6 +93,19 @@ class Intake:
         except ClaimRefused as exc:
             checks.refused[h.sender] = str(exc)
             raise
+
+    def _keep_early(self, message: Message) -> None:
+        """An outbound-only neighbour pushes when it is done, whether or not this node waits yet:
+        its newest part is kept for the next gather (one per part), and it becomes a neighbour."""
+        h = message.header
+        if h.version < self.current.round or h.version > self.settings.rounds:
+            raise PushRefused(f"version {h.version} of {h.sender}/{h.part}: this node is in round {self.current.round}")
+        if h.part not in self.specs:
+            raise PushRefused(f"{h.sender} pushed {h.part!r}, not a model part")
+        kept = self.early.get((h.sender, h.part))
+        if kept is None or kept.header.version <= h.version:
+            self.early[(h.sender, h.part)] = message
+        self.neighbours.admit(h.sender, self.current.round + 1, self.settings.rounds)
 
     def peer_model(self, message: Message, checks: RoundChecks) -> PeerModel:
         """A verified message as a strategy sees it: every tensor already on this node's device,

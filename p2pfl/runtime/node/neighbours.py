@@ -52,6 +52,7 @@ class Neighbours:
         self.heard_live: dict[str, int] = {}  # member -> the round news said it was live (joined, back)
         self.reported_left: set[str] = set()  # news says it left: probed before waited for, never a stand-in
         self.distrusted: set[str] = set()  # far over the bound, or refused, in most rounds: asked no more
+        self.push_only: set[str] = set()  # members nobody can reach: they push their parts (outbound only)
         self.conduct: dict[str, list[int]] = {}  # peer -> [rounds it answered, of them far over or refused]
         self.declared_sizes = DeclaredSizes()
         self.seed = seed

@@ -104,7 +104,7 @@ class Round:
             if parts.attack is not None:
                 shared = parts.attack.published(shared, host_snapshot(ctx.round_start), r)
             shared = {p: quantize(t, kit.settings.wire_precision) for p, t in shared.items()}
-            await exchange.transport.publish(r, r, shared, meta)
+            await exchange.publish_round(r, shared, meta)
         clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
         pushes = await asyncio.to_thread(strategy.pushes, ctx) if overrides(strategy, Strategy, "pushes") else []
         clock.switch("exchange")

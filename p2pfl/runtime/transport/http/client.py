@@ -147,6 +147,8 @@ class HttpClient:
 
     async def status_of(self: Endpoint, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
         assert self._session is not None
+        if peer not in self.urls:  # a member nobody can reach (outbound only), or one taken out
+            return None
         try:
             # A status poll's connection is not kept for reuse (`Connection: close`): at start-up
             # a node polls every neighbour, and 500 nodes of a 20-regular graph in one process
