@@ -12,6 +12,9 @@ whether this machine has them.
         bed.spawn("node-0", ["p2pfl", "node", "..."])  # runs inside node-0's namespace
         bed.link_down("node-1")                        # its host drops off the network
 
+    with NetnsHosts(["a", "b"], behind_nat=["b"]) as bed:  # b reaches a; nothing reaches b
+        bed.address("b")                               # its router's LAN address, which a sees
+
 Addresses come from 198.18.0.0/15, the range set aside for network benchmarks (RFC 2544),
 so they cannot clash with a real LAN. Everything the testbed makes is removed on exit.
 """
@@ -34,13 +37,14 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
-def available() -> tuple[bool, str]:
-    """(True, "") if namespaces can be made here, else (False, why not)."""
+def available(nat: bool = False) -> tuple[bool, str]:
+    """(True, "") if namespaces (and with `nat`, a masquerading router) can be made here, else
+    (False, why not)."""
     if os.geteuid() != 0:
         return False, "needs root (network namespaces)"
-    for tool in ("ip", "tc"):
+    for tool in ("ip", "tc") + (("nft",) if nat else ()):
         if shutil.which(tool) is None:
-            return False, f"needs `{tool}` (iproute2)"
+            return False, f"needs `{tool}` ({'nftables' if tool == 'nft' else 'iproute2'})"
     probe = f"p2pfl-probe-{uuid.uuid4().hex[:8]}"
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
@@ -59,11 +63,17 @@ def tbf_args(rate_mbit: float) -> list[str]:
 class NetnsHosts:
     """Namespaces `<tag>-<i>`, one per host, each with `eth0` cabled to a bridge in `<tag>-sw`."""
 
-    def __init__(self, hosts: Sequence[str], rate_mbit: float | None = None) -> None:
+    def __init__(self, hosts: Sequence[str], rate_mbit: float | None = None, behind_nat: Sequence[str] = ()) -> None:
+        """`behind_nat`: hosts cabled to a router of their own (namespace `<ns>-gw`) that
+        masquerades what they send and forwards nothing to them, as a home router with no port
+        forwarded: they reach every host, and no host reaches them."""
         global _created_blocks
         if len(set(hosts)) != len(hosts) or not 0 < len(hosts) <= 253:
             raise ValueError(f"expected 1..253 distinct host names, got {list(hosts)}")
+        if not set(behind_nat) <= set(hosts):
+            raise ValueError(f"behind_nat names hosts that are not hosts: {sorted(set(behind_nat) - set(hosts))}")
         self.hosts = list(hosts)
+        self.behind_nat = frozenset(behind_nat)
         self.rate_mbit = rate_mbit
         self.tag = f"p2pfl-{uuid.uuid4().hex[:6]}"
         self.block = (os.getpid() + _created_blocks) % 256  # distinct subnets for testbeds alive at once
@@ -99,19 +109,41 @@ class NetnsHosts:
             _ip("netns", "add", ns)
             self._made.append(ns)
             _ip("-n", ns, "link", "set", "lo", "up")
+            on_lan = ns
+            if host in self.behind_nat:
+                on_lan = self._router(ns, i)
             # Both ends made directly in their namespaces: no name ever appears in this one.
-            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
+            _ip("link", "add", "eth0", "netns", on_lan, "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
             _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0")
             _ip("-n", self.switch, "link", "set", f"p{i}", "up")
-            _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", on_lan, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
+            _ip("-n", on_lan, "link", "set", "eth0", "up")
             if self.rate_mbit is not None:
                 # A qdisc shapes what leaves an interface: eth0 caps the host's upload, the
                 # bridge port its download.
-                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root",
+                subprocess.run(["ip", "netns", "exec", on_lan, "tc", "qdisc", "add", "dev", "eth0", "root",
                                 *tbf_args(self.rate_mbit)], check=True, capture_output=True)
                 subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", f"p{i}", "root",
                                 *tbf_args(self.rate_mbit)], check=True, capture_output=True)
+
+    def _router(self, ns: str, i: int) -> str:
+        """A router namespace for the host in `ns`: the host behind it on 10.200.<i>.0/24, what it
+        sends masqueraded as the router's LAN address, nothing forwarded in. Its name."""
+        gw = f"{ns}-gw"
+        _ip("netns", "add", gw)
+        self._made.append(gw)
+        _ip("-n", gw, "link", "set", "lo", "up")
+        _ip("link", "add", "in0", "netns", gw, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("-n", gw, "addr", "add", f"10.200.{i}.1/24", "dev", "in0")
+        _ip("-n", gw, "link", "set", "in0", "up")
+        _ip("-n", ns, "addr", "add", f"10.200.{i}.2/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "route", "add", "default", "via", f"10.200.{i}.1")
+        for command in (["sysctl", "-qw", "net.ipv4.ip_forward=1"], ["nft", "add", "table", "ip", "nat"],
+                        ["nft", "add", "chain", "ip", "nat", "post", "{ type nat hook postrouting priority 100 ; }"],
+                        ["nft", "add", "rule", "ip", "nat", "post", "oifname", "eth0", "masquerade"]):
+            subprocess.run(["ip", "netns", "exec", gw, *command], check=True, capture_output=True)
+        return gw
 
     def spawn(self, host: str, argv: Sequence[str], *, log: Path | None = None,
               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -121,6 +153,12 @@ class NetnsHosts:
                                 stderr=subprocess.STDOUT, env=env)
         self.processes.append(proc)
         return proc
+
+    def private_address(self, host: str) -> str:
+        """Where a host behind NAT is on its own side of the router (nobody else can reach it)."""
+        if host not in self.behind_nat:
+            raise ValueError(f"{host} is not behind NAT; its address is {self.address(host)}")
+        return f"10.200.{self.hosts.index(host)}.2"
 
     def link_down(self, host: str) -> None:
         """Unplug `host`'s cable at the switch: its packets go nowhere, nothing is refused."""

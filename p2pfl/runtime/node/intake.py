@@ -105,7 +105,7 @@ class Intake:
         kept = self.early.get((h.sender, h.part))
         if kept is None or kept.header.version <= h.version:
             self.early[(h.sender, h.part)] = message
-        self.neighbours.admit(h.sender, self.current.round + 1, self.settings.rounds)
+        self.neighbours.admit(h.sender, self.current.round + 1, self.settings.rounds, beyond_target=True)
 
     def peer_model(self, message: Message, checks: RoundChecks) -> PeerModel:
         """A verified message as a strategy sees it: every tensor already on this node's device,

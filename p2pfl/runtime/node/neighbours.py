@@ -124,16 +124,17 @@ class Neighbours:
                     self._note(round_, "distrusted", peer)
                     self._replace(peer, round_)
 
-    def admit(self, member: str, from_round: int, rounds: int) -> bool:
+    def admit(self, member: str, from_round: int, rounds: int, beyond_target: bool = False) -> bool:
         """A member admitted while this node runs (a federation's newcomer, or one found at the
         start): one that may stand in from now on, and asked from `from_round` on while this node
-        has fewer than `target` neighbours. True if it is asked."""
+        has fewer than `target` neighbours (`beyond_target`: whatever it has; an outbound-only
+        member that chose this node and pushes to it). True if it is asked."""
         if member in self.departed or member in self.distrusted:
             return False
         self.members = tuple(sorted(set(self.members) | {member}))
         if member in self.asked:
             return True
-        if len(self.asked) >= self.target:
+        if len(self.asked) >= self.target and not beyond_target:
             return False
         self.peer_rounds[member] = frozenset(range(max(from_round, 1), rounds + 1))
         self.asked = tuple(sorted(set(self.asked) | {member}))
