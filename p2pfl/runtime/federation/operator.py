@@ -199,8 +199,14 @@ async def _status(seed: str, timeout_s: float) -> int:
         listing = msgpack.unpackb(answer[1], raw=False)
         me = listing["self"]
         rows = [(me["member"], me["url"], me["round"], "this node")]
-        statuses = await asyncio.gather(*(get(m["url"] + "/v1/status") for m in listing["members"] if m["url"]))
-        for member, status in zip([m for m in listing["members"] if m["url"]], statuses):
+        members = listing["members"]
+        statuses = await asyncio.gather(*(get(m["url"] + "/v1/status") for m in members if m["url"]))
+        answers = iter(statuses)
+        for member in members:
+            if not member["url"]:  # nobody can reach it to ask
+                rows.append((member["member"], None, None, "-"))
+                continue
+            status = next(answers)
             if isinstance(status, str) or status[0] != 200:
                 rows.append((member["member"], member["url"], None, status if isinstance(status, str) else str(status[0])))
             else:
