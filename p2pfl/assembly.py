@@ -206,7 +206,8 @@ def node_settings(sc: Scenario) -> NodeSettings:
         algorithm=sc.algorithm.name, rounds=sc.rounds, seed=sc.seed, fetch_timeout_s=rt.fetch_timeout_s,
         coordinator_wait_s=rt.coordinator_wait_s, setup_wait_s=rt.setup_wait_s, start_wait_s=rt.start_wait_s,
         linger_s=rt.linger_s, participation=rt.participation, accept_stale=rt.accept_stale,
-        wire_precision=rt.wire_precision, max_weight_ratio=rt.max_weight_ratio, max_norm_ratio=rt.max_norm_ratio,
+        wire_precision=rt.wire_precision, wire_sparsity=rt.wire_sparsity, error_feedback=rt.error_feedback,
+        max_weight_ratio=rt.max_weight_ratio, max_norm_ratio=rt.max_norm_ratio,
         update_bound=rt.update_bound, update_refuse=rt.update_refuse, checkpoint_every=rt.checkpoint_every,
         resolved=sc.to_dict(),
     )
@@ -286,7 +287,10 @@ def run_worker(config_paths: Sequence[Path], resume: bool = False, together: boo
 def run_node(config: NodeConfig, resume: bool = False, together: bool = False, join: bool = False) -> int:
     logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
     members = None
-    if config.federation is not None:
+    if config.federation is None:
+        logging.getLogger("p2pfl").info("trains on slice %d of the scenario's partition (the roster's order)",
+                                        config.index)
+    else:
         try:
             members = {config.id: federation_member(config)}
         except NoSeedAnswered as exc:

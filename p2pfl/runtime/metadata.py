@@ -102,6 +102,8 @@ MAX_ROUND = 10**9
 MODEL_META: dict[str, MetaField] = {
     "n_train": MetaField("int", 1, MAX_SAMPLES, required=True),
     "members": MetaField("map", max_length=MAX_NEWS, values=MetaField("int", -MAX_ROUND, MAX_ROUND)),
+    # A sparse part's public copy it is against (p2pfl.runtime.sparse_wire; -1: read the copy whole).
+    "sparse_base": MetaField("int", -1, MAX_ROUND),
 }
 #: The coordinator's global model: the weights it aggregated with (nodes record their own).
 GLOBAL_META: dict[str, MetaField] = {

@@ -25,6 +25,7 @@ DEPLOYED_DEFENCES = {"update_bound": 1.0, "max_weight_ratio": 4.0}
 # 100 sits between, with most of an order of magnitude to spare on either side.
 DEFAULT_UPDATE_REFUSE = 100.0
 WIRE_PRECISIONS = ("float32", "float16", "int8")  # runtime.wire_precision (p2pfl.runtime.precision)
+SPARSE_KINDS = ("topk", "randomk")  # runtime.wire_sparsity (p2pfl.runtime.sparse_wire); p2pfl.core.sparse's
 SAFEGUARD_KINDS = ("mix", "local")  # algorithm.safeguard (p2pfl.runtime.safeguard); torch-free, for the schema
 
 
@@ -45,6 +46,29 @@ class NodeSettings:
     max_norm_ratio: float
     update_bound: float             # a peer part's distance from the round start, in own updates (0: off)
     update_refuse: float = DEFAULT_UPDATE_REFUSE  # times over update_bound at which a part is refused (0: never)
+    wire_sparsity: str = "none"     # p2pfl.runtime.sparse_wire: "none" | "topk:<fraction>" | "randomk:<fraction>"
+    error_feedback: bool = True     # what a sparse part leaves out is sent in later rounds
     checkpoint_every: int = 1       # rounds taken part in between checkpoints (round 0 and the end always; the end holds the last round)
     # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    kind: str          # "topk" | "randomk"
+    fraction: float    # of each floating tensor's entries sent
+
+    @classmethod
+    def parse(cls, text: str) -> Sparsity | None:
+        """`"none"` -> None; `"topk:0.01"` / `"randomk:0.1"` -> a Sparsity (ValueError naming what is wrong)."""
+        if text == "none":
+            return None
+        kind, _, fraction = text.partition(":")
+        try:
+            value = float(fraction)
+        except ValueError:
+            value = float("nan")
+        if kind not in SPARSE_KINDS or not 0 < value <= 1:
+            raise ValueError(f"expected \"none\" or <{'|'.join(SPARSE_KINDS)}>:<fraction in (0, 1]>, e.g. "
+                             f"\"topk:0.01\", got {text!r}")
+        return cls(kind, value)

@@ -28,7 +28,7 @@ else:  # pragma: no cover
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import admit, is_reference, resolve
 from p2pfl.runtime.churn import ChurnSpec
-from p2pfl.runtime.settings import (DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
+from p2pfl.runtime.settings import (Sparsity, DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
                                     DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS, WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import CARRIERS
@@ -136,6 +136,8 @@ class RuntimeSpec:
     host: str = "127.0.0.1"
     max_skew_s: float = 300.0         # accepted clock difference for message timestamps
     wire_precision: str = "float32"   # shared parameters on the wire: float32 | float16 | int8 (per-tensor scale)
+    wire_sparsity: str = "none"       # model parts sent sparse: "none" | "topk:<fraction>" | "randomk:<fraction>"
+    error_feedback: bool = True       # with wire_sparsity: what a round leaves out is sent in later rounds
     held_mb: float = 32.0             # a node serves its published versions that fit here (the latest always), so a
                                       # peer that ran ahead still serves the round asked for: runs reproducible
     # A peer's claims (p2pfl.runtime.peer_claims): its n_train counts at most this many times the
@@ -213,11 +215,19 @@ class RuntimeSpec:
         if self.wire_precision not in WIRE_PRECISIONS:
             raise ConfigError("runtime.wire_precision",
                               f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")
+        try:
+            sparse = Sparsity.parse(self.wire_sparsity)
+        except ValueError as exc:
+            raise ConfigError("runtime.wire_sparsity", str(exc)) from None
+        if sparse is not None and self.wire_precision != "float32":
+            raise ConfigError("runtime.wire_sparsity", f"sparse parts send float32 values; runtime.wire_precision is "
+                                                       f"{self.wire_precision!r} (set one of them)")
 
 
 # Runtime fields added after runs were published: at their defaults they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
-RUNTIME_ADDED = ("max_norm_ratio", "buffered_mb", "transport", "checkpoint_every", "start_method")
+RUNTIME_ADDED = ("max_norm_ratio", "buffered_mb", "transport", "checkpoint_every", "start_method", "wire_sparsity",
+                 "error_feedback")
 # Added after runs were published and changes what honest runs compute, so always stored: a stored
 # run without it cannot say whether its peers' sizes were capped, and `--reuse` refuses it.
 RUNTIME_RECORDED = ("max_weight_ratio",)

@@ -130,6 +130,19 @@ def test_the_directory_admits_the_newest_record_and_names_each_refusal(fed: Node
     assert _cause(lambda: directory.offer(moved)) == REVOKED
 
 
+def test_an_exchange_full_of_refused_records_is_not_read_past_a_few(fed: NodeKey) -> None:
+    from p2pfl.runtime.federation.directory import REFUSED_PER_EXCHANGE
+
+    _, own = _member(fed, "self")
+    directory = Directory(fed.public_hex, own, clock=lambda: NOW)
+    stranger = NodeKey.generate()
+    junk = [_member(stranger, f"fake{i}")[1].to_dict() for i in range(REFUSED_PER_EXCHANGE + 5)]
+    _, honest = _member(fed, "honest")
+    assert directory.offer_many([*junk, honest.to_dict()]) == []
+    assert directory.refusals == REFUSED_PER_EXCHANGE and "honest" not in directory.records
+    assert directory.offer_many([honest.to_dict(), *junk]) == [honest]
+
+
 def test_an_exchange_that_is_not_one_is_refused_as_malformed() -> None:
     for body in (b"\xc1", encode({"records": {}}), encode({"from": None, "other": 1}), b"\x00" * (5 << 20)):
         assert _cause(lambda b=body: decode(b)) == MALFORMED

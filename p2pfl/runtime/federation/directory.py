@@ -17,6 +17,9 @@ from p2pfl.wire.errors import quote
 
 MAX_RECORDS = 4096  # in one exchange: a federation larger than this spreads over several
 MAX_REFUSED = 256  # claimed ids whose refusal is kept (and logged) by name
+# Refused records after which the rest of an exchange is not read: each costs two signature
+# checks, and an honest member passes on few a member refuses (a revocation it had not heard of).
+REFUSED_PER_EXCHANGE = 16
 
 Admitted = Callable[[MemberRecord], None]
 Removed = Callable[[str, str, str], None]  # member, cause, detail
@@ -80,13 +83,14 @@ class Directory:
 
     def offer_many(self, raws: Iterable[Any]) -> list[MemberRecord]:
         """Each of `raws` as `offer` takes it; a refused one is noted and skipped, not fatal."""
-        admitted = []
+        admitted, refused = [], 0
         for i, raw in enumerate(raws):
-            if i >= MAX_RECORDS:
+            if i >= MAX_RECORDS or refused >= REFUSED_PER_EXCHANGE:
                 break
             try:
                 record = self.offer(raw)
             except Refused:
+                refused += 1
                 continue
             if record is not None:
                 admitted.append(record)

@@ -17,12 +17,14 @@ import torch
 from p2pfl.models import part_state
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.devices import host_snapshot
+from p2pfl.runtime.node.parts import PEER_PARTS
 from p2pfl.runtime.node.intake import Intake, RoundChecks
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.peer_claims import ClaimRefused
 from p2pfl.runtime.precision import quantize
 from p2pfl.runtime.run_folder import ArtefactSink
-from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.settings import NodeSettings, Sparsity
+from p2pfl.runtime.sparse_wire import BASE_META, REF_SUFFIX, NeedReference, SparseSender
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy, overrides, setup_part
 from p2pfl.runtime.transport import Transport
 from p2pfl.wire import Message
@@ -30,28 +32,43 @@ from p2pfl.wire import Message
 
 class Exchange:
     def __init__(self, transport: Transport, intake: Intake, neighbours: Neighbours, strategy: Strategy,
-                 ctx: RoundContext, settings: NodeSettings, log: logging.Logger) -> None:
+                 ctx: RoundContext, settings: NodeSettings, log: logging.Logger, seed: int = 0) -> None:
         self.transport, self.intake, self.neighbours = transport, intake, neighbours
         self.strategy, self.ctx, self.settings, self.log = strategy, ctx, settings, log
         # Nobody can reach this node (behind NAT; hivemind's client_mode): it pushes its round's
         # parts to its neighbours instead of waiting to be read.
         self.outbound_only = False
         self._pushing: set[asyncio.Future[None]] = set()
+        # Parts sent sparse against a public copy (p2pfl.runtime.sparse_wire): from the initial model.
+        sparsity = Sparsity.parse(settings.wire_sparsity)
+        self.sparse = None if sparsity is None else SparseSender(
+            {p: host_snapshot(part_state(ctx.model, p)) for p in strategy.shared_parts if p in PEER_PARTS}, sparsity,
+            error_feedback=settings.error_feedback, seed=seed)
 
     async def publish(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
-        """Serve `parts` (host snapshots) as this node's version `round_`, with the strategy's metadata."""
-        await self.transport.publish(round_, round_, parts, self.round_meta(round_))
+        """Serve `parts` (host snapshots) as this node's version `round_`, with the strategy's
+        metadata: a restored model, which its readers' public copies of it do not match."""
+        if self.sparse is not None:
+            self.sparse.restart(parts)
+        await self.publish_round(round_, parts, self.round_meta(round_))
 
     async def publish_round(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]],
                             meta: Mapping[str, Any]) -> None:
-        """Serve this round's parts; an outbound-only node (nobody can reach it: `outbound_only`)
-        also pushes them to each neighbour, who takes them in place of a read."""
+        """Serve this round's parts (sparse, with their public copies, under runtime.wire_sparsity);
+        an outbound-only node (nobody can reach it: `outbound_only`) also pushes them to each
+        neighbour, who takes them in place of a read."""
+        if self.sparse is not None and set(parts) <= set(self.sparse.feedback):
+            parts, base = await asyncio.to_thread(self.sparse.encode, round_, parts)
+            meta = {**meta, BASE_META: base}
         await self.transport.publish(round_, round_, parts, meta)
         if self.outbound_only:
             for peer in self.neighbours.asked:
                 if peer == COORDINATOR_ID:
                     continue
                 for name, tensors in parts.items():
+                    # Sparse, its public copy goes whole: no neighbour can read it again if it missed one.
+                    if self.sparse is not None and not name.endswith(REF_SUFFIX) and name + REF_SUFFIX in parts:
+                        continue
                     task = asyncio.ensure_future(self._push_part(peer, name, round_, tensors, meta))
                     self._pushing.add(task)
                     task.add_done_callback(self._pushing.discard)
@@ -160,7 +177,7 @@ class Exchange:
                     # No honest peer publishes a round's model past the last round (setup parts count steps).
                     raise ClaimRefused(f"{fetch.peer} served version {message.header.version} of "
                                        f"{fetch.part}; the run has {settings.rounds} rounds")
-                return self.intake.peer_model(message, checks)
+                return await self.taken(message, checks, longest)
             except ClaimRefused as exc:
                 checks.refused[fetch.peer] = str(exc)
                 transport.rejections.add(fetch.peer, exc.status, exc.reason, str(exc))
@@ -185,6 +202,17 @@ class Exchange:
                                  round_)
         return [r for r in results if r is not None]
 
+    async def taken(self, message: Message, checks: RoundChecks, wait: float) -> PeerModel | None:
+        """`message` as a strategy sees it; a sparse part against a public copy this node does not
+        hold is read again whole (`<part>#ref`, same version). None if that read fails."""
+        try:
+            return self.intake.peer_model(message, checks)
+        except NeedReference as reason:
+            h = message.header
+            self.log.info("round %d: %s; reading its public copy whole", self.ctx.round, reason)
+            whole = await self.transport.fetch(h.sender, h.part + REF_SUFFIX, h.version, wait)
+            return None if whole is None else self.intake.peer_model(whole, checks)
+
     def _take_early(self, checks: RoundChecks, round_: int, versions: Mapping[str, int]) -> None:
         """Parts outbound-only neighbours pushed before this gather began answer its fetches now."""
         for (peer, part), waiting in checks.awaiting.items():
@@ -193,6 +221,8 @@ class Exchange:
                 continue
             try:
                 waiting.set_result(self.intake.peer_model(early, checks))
+            except NeedReference:  # an outbound-only peer cannot be read: its next push, or nothing
+                waiting.set_result(None)
             except ClaimRefused as exc:
                 checks.refused[peer] = str(exc)
                 self.transport.rejections.add(peer, exc.status, exc.reason, str(exc))

@@ -19,7 +19,8 @@ from p2pfl.runtime.node.parts import PEER_PARTS
 from p2pfl.runtime.peer_claims import (ClaimRefused, Flattened, bound_update, capped_size, check_magnitude,
                                       check_variances, flattened, own_norms, update_norm)
 from p2pfl.runtime.precision import dequantize, wire_spec
-from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.settings import NodeSettings, Sparsity
+from p2pfl.runtime.sparse_wire import BASE_META, REF_SUFFIX, RESTARTED, SparseReceiver, reference_spec, sparse_spec
 from p2pfl.runtime.strategy import COORDINATOR_ID, PartDecl, PeerModel
 from p2pfl.wire import Message
 
@@ -58,6 +59,11 @@ class Intake:
         self.buffer_keys = {part: frozenset(k for k in part_state(model, part) if k in floating_buffers)
                             for part in PEER_PARTS}
         self.extra = extra  # parts besides the model's own (the coordinator's replies, setup parts)
+        self.sparsity = Sparsity.parse(settings.wire_sparsity)
+        # Each peer's public copy of each part it sends sparse (p2pfl.runtime.sparse_wire): at
+        # first the initial model, which every node builds from the same seed.
+        self.sparse = None if self.sparsity is None else SparseReceiver(
+            {part: part_state(model, part) for part in PEER_PARTS})
         self.neighbours = neighbours
         self.current = RoundChecks(0)
         # (outbound-only neighbour, part) -> the newest part it pushed before a gather waited for it.
@@ -68,6 +74,10 @@ class Intake:
             return None
         if part in self.extra:  # declared by the strategy; they travel at full precision
             return self.extra[part].spec
+        if self.sparsity is not None:
+            if part.endswith(REF_SUFFIX) and part.removesuffix(REF_SUFFIX) in self.specs:
+                return reference_spec(self.specs[part.removesuffix(REF_SUFFIX)])
+            return None if part not in self.specs else sparse_spec(self.specs[part], self.sparsity.fraction)
         spec = self.specs.get(part)
         return None if spec is None else wire_spec(spec, self.settings.wire_precision)
 
@@ -80,7 +90,7 @@ class Intake:
         """A peer pushed a part. Taken only while this node's gather waits for exactly that
         (sender, part), at a version within one round of its own; it then answers the fetch."""
         h, checks = message.header, self.current
-        waiting = checks.awaiting.get((h.sender, h.part))
+        waiting = checks.awaiting.get((h.sender, h.part.removesuffix(REF_SUFFIX)))
         if (waiting is None or waiting.done()) and h.sender in self.neighbours.push_only:
             self._keep_early(message)
             return
@@ -100,11 +110,12 @@ class Intake:
         h = message.header
         if h.version < self.current.round or h.version > self.settings.rounds:
             raise PushRefused(f"version {h.version} of {h.sender}/{h.part}: this node is in round {self.current.round}")
-        if h.part not in self.specs:
+        part = h.part.removesuffix(REF_SUFFIX)
+        if part not in self.specs:
             raise PushRefused(f"{h.sender} pushed {h.part!r}, not a model part")
-        kept = self.early.get((h.sender, h.part))
+        kept = self.early.get((h.sender, part))
         if kept is None or kept.header.version <= h.version:
-            self.early[(h.sender, h.part)] = message
+            self.early[(h.sender, part)] = message
         self.neighbours.admit(h.sender, self.current.round + 1, self.settings.rounds, beyond_target=True)
 
     def peer_model(self, message: Message, checks: RoundChecks) -> PeerModel:
@@ -114,29 +125,39 @@ class Intake:
         tensors = message.torch_tensors()
         meta: dict[str, Any] = dict(h.meta)
         settings = self.settings
-        if h.part not in self.extra:  # a model part; the strategy's extra parts (setup steps, statistics) are its own
-            tensors = dequantize(tensors, self.specs[h.part], settings.wire_precision)
+        part = h.part.removesuffix(REF_SUFFIX) if self.sparse is not None else h.part
+        if part not in self.extra:  # a model part; the strategy's extra parts (setup steps, statistics) are its own
+            if self.sparse is None:
+                tensors = dequantize(tensors, self.specs[part], settings.wire_precision)
+            elif part != h.part:  # the public copy, read whole
+                tensors = self.sparse.take_reference(h.sender, part, h.version, tensors, self.specs[part])
+            else:  # NeedReference: read `part#ref` (p2pfl.runtime.node.exchange)
+                tensors = self.sparse.rebuild(h.sender, part, h.version, int(meta.get(BASE_META, RESTARTED)), tensors,
+                                              self.specs[part])
+            if self.sparse is not None:  # in the model's own dtypes, as dequantize gives them
+                tensors = {k: v.to(getattr(torch, self.specs[part][k][1])) for k, v in tensors.items()}
+            meta.pop(BASE_META, None)
             bounded = h.sender != COORDINATOR_ID and bool(checks.round_start) and settings.update_bound > 0
-            if h.part not in checks.own_norms:  # once per part and round: the own model is still while parts arrive
-                checks.own_norms[h.part], update = own_norms(part_state(self.model, h.part),
+            if part not in checks.own_norms:  # once per part and round: the own model is still while parts arrive
+                checks.own_norms[part], update = own_norms(part_state(self.model, part),
                                                              checks.round_start if bounded else None)
                 if update is not None:
-                    checks.own_updates[h.part] = update
+                    checks.own_updates[part] = update
             flat = flattened(tensors) if bounded else None  # one float64 copy of the part for both bounds
-            check_magnitude(h.sender, h.part, tensors, checks.own_norms[h.part], settings.max_norm_ratio, flat)
-            check_variances(h.sender, h.part, tensors)
-            if bounded and self.buffer_keys[h.part]:
-                within = self.bounded_buffers(h.sender, h.part, tensors, checks)
+            check_magnitude(h.sender, part, tensors, checks.own_norms[part], settings.max_norm_ratio, flat)
+            check_variances(h.sender, part, tensors)
+            if bounded and self.buffer_keys[part]:
+                within = self.bounded_buffers(h.sender, part, tensors, checks)
                 if within is not tensors:  # the weights' bound below is of the part with its buffers pulled back
                     tensors, flat = within, flattened(within)
             if bounded:
-                tensors = self.bounded(h.sender, h.part, tensors, checks, flat)
+                tensors = self.bounded(h.sender, part, tensors, checks, flat)
             if h.sender != COORDINATOR_ID:
                 self.neighbours.hear(h.sender, meta.pop("members", None), checks.round)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
                 self.neighbours.declared_sizes.check(h.sender, int(meta["n_train"]))
                 meta["n_train"] = capped_size(meta["n_train"], self.n_train, settings.max_weight_ratio)
-        return PeerModel(h.sender, h.part, h.round, h.version, to_device(tensors, self.device), meta)
+        return PeerModel(h.sender, part, h.round, h.version, to_device(tensors, self.device), meta)
 
     def bounded_buffers(self, sender: str, part: str, tensors: dict[str, torch.Tensor],
                         checks: RoundChecks) -> dict[str, torch.Tensor]:

@@ -72,7 +72,8 @@ class Node:
         )
         intake = Intake(parts.model, len(parts.data.train), parts.device, settings,
                         parts.strategy.extra_parts(parts.model), self.neighbours)
-        self.exchange = Exchange(parts.transport, intake, self.neighbours, parts.strategy, self.ctx, settings, self.log)
+        self.exchange = Exchange(parts.transport, intake, self.neighbours, parts.strategy, self.ctx, settings, self.log,
+                                 seed=parts.seed)
         parts.transport.attach(expected_for=intake.expected, meta_schema_for=intake.meta_schema,
                                on_message=intake.on_push, status=self._status, on_departed=self._on_departed)
         parts.transport.expect_readers(self.neighbours.asked)  # the graph is undirected; the coordinator is pushed to

@@ -111,18 +111,26 @@ class Membership:
         return first
 
     async def _take_model(self, first: Message, more_parts: tuple[str, ...]) -> None:
-        """Load the model parts of `first`'s sender at `first`'s version, each checked as any arrival."""
+        """Load the model parts of `first`'s sender at `first`'s version, each checked as any arrival
+        (a sparse one read again whole where this node does not hold its public copy)."""
         checks, peer, version = RoundChecks(0), first.header.sender, first.header.version
-        loaded = dict(self.exchange.intake.peer_model(first, checks).tensors)
+        wait = self.settings.fetch_timeout_s
+        taken = await self.exchange.taken(first, checks, wait)
+        if taken is None:
+            raise NoFederation(f"{peer} served {first.header.part} version {version} but not its public copy")
+        loaded = dict(taken.tensors)
         for part in more_parts:
-            message = await self.transport.fetch(peer, part, version, self.settings.fetch_timeout_s)
-            if message is None:
+            message = await self.transport.fetch(peer, part, version, wait)
+            taken = None if message is None else await self.exchange.taken(message, checks, wait)
+            if taken is None:
                 raise NoFederation(f"{peer} served {first.header.part} version {version} but not {part}")
-            loaded.update(self.exchange.intake.peer_model(message, checks).tensors)
+            loaded.update(taken.tensors)
         model = self.exchange.ctx.model
         own = part_state(model, "full")
         model.load_state_dict({**own, **{k: v for k, v in loaded.items() if k in own}})
         self.state.trained = True
+        if self.exchange.sparse is not None:  # its readers hold its initial model as its public copy, not this one
+            self.exchange.sparse.restart({p: part_state(model, p) for p in self.exchange.sparse.feedback})
 
     async def crash(self, round_: int, restart: int | None, restart_after_s: float | None = None
                     ) -> tuple[int, int] | None:
