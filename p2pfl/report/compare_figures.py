@@ -57,10 +57,47 @@ def report_compare(folder: Path) -> list[Path]:
     ax.legend(fontsize=7)
     paths.append(save_figure(fig, out / "communication.png"))
     paths.append(_compare_curves(runs_by_row, out))
+    against = _accuracy_against_bytes(rows, out)
+    if against is not None:
+        paths.append(against)
     levels = plot_safeguard_levels(safeguard_levels(runs_by_row), rows, out)
     if levels is not None:
         paths.append(levels)
     return paths + write_compare_tables(folder, out)
+
+
+def bytes_points(rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """Per row that moved bytes: per seed, MiB sent per node, final accuracy, and after aggregation."""
+    points = {}
+    for label, runs in rows.items():
+        mib = [r["total_bytes"] / max(1, r.get("nodes") or 1) / 2**20 for r in runs]
+        if runs and float(np.mean(mib)) > 0:
+            points[label] = (mib, [r["final"] for r in runs], [r["final_aggregated"] for r in runs])
+    return points
+
+
+def _accuracy_against_bytes(rows: Mapping[str, list[dict[str, Any]]], out: Path) -> Path | None:
+    """Each row's final accuracy against the MiB a node sent over the run (every frame: what the
+    others received, on average),
+    means over seeds with their spread: the figure communication papers print. None when no row
+    moved a byte (Local)."""
+    points = bytes_points(rows)
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, (label, (mib, trained, aggregated)) in enumerate(points.items()):
+        colour = f"C{i % 10}"
+        x = float(np.mean(mib))
+        ax.errorbar(x, np.mean(trained), xerr=np.std(mib), yerr=np.std(trained), fmt="o", color=colour,
+                    capsize=3, label=label)
+        ax.errorbar(x, np.mean(aggregated), yerr=np.std(aggregated), fmt="o", mfc="none", color=colour, capsize=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("MiB sent per node over the run (all frames)")
+    ax.set_ylabel("final mean test accuracy")
+    ax.set_title("accuracy against bytes (filled: after training; hollow: after aggregation)", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best")
+    return save_figure(fig, out / "accuracy_vs_bytes.png")
 
 
 def plot_safeguard_levels(outcomes: Mapping[str, Mapping[tuple[float, bool], LevelOutcome]],
