@@ -23,7 +23,7 @@ import pytest
 
 from p2pfl.cli import main
 from p2pfl.hosting.ports import free_ports
-from p2pfl.runtime.federation.certificates import EXPIRED, REVOKED, UNKNOWN, WRONG_FEDERATION, Certificate, issue
+from p2pfl.runtime.federation.certificates import EXPIRED, REVOKED, UNKNOWN, WRONG_FEDERATION, issue
 from p2pfl.runtime.federation.directory import Directory
 from p2pfl.runtime.federation.gossip import ExchangeFailed, Gossip
 from p2pfl.runtime.federation.records import sign_record

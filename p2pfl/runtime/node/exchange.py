@@ -25,7 +25,7 @@ from p2pfl.runtime.precision import quantize
 from p2pfl.runtime.run_folder import ArtefactSink
 from p2pfl.runtime.settings import NodeSettings, Sparsity
 from p2pfl.runtime.sparse_wire import BASE_META, REF_SUFFIX, NeedReference, SparseSender
-from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy, overrides, setup_part
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy, overrides
 from p2pfl.runtime.transport import Transport
 from p2pfl.wire import Message
 
@@ -254,6 +254,8 @@ class Exchange:
         if not overrides(self.strategy, Strategy, "setup"):  # no thread for nothing (a worker starts hundreds of nodes)
             return False, None
         loop = asyncio.get_running_loop()
+        from p2pfl.runtime.node.setup_exchange import SetupExchange  # it calls back into this module
+
         self.ctx.exchange = SetupExchange(self, loop, late=late, joiners=joiners)
         self.ctx.peers = self.neighbours.present(self.ctx.round + 1)  # not a neighbour that joins later: none to wait for
         # A thread of its own: setup blocks on exchanges that need the loop's default executor
@@ -267,46 +269,3 @@ class Exchange:
         if summary.get("bytes_sent") or summary.get("bytes_received") or artefacts.records:
             return True, {**summary, "wall_s": time.perf_counter() - t0, "strategy": dict(artefacts.records)}
         return True, None
-
-
-class SetupExchange:
-    """`p2pfl.runtime.strategy.SetupExchange` over an `Exchange`: blocking calls from the strategy's
-    worker thread, run on the node's event loop."""
-
-    def __init__(self, exchange: Exchange, loop: asyncio.AbstractEventLoop, *, late: bool = False,
-                 joiners: bool = False) -> None:
-        self.exchange, self.loop, self.late, self.joiners = exchange, loop, late, joiners
-        settings = exchange.settings
-        self.wait = settings.fetch_timeout_s if late else settings.setup_wait_s
-
-    def _run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def publish(self, step: int, parts: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None:
-        snapshot = {setup_part(name): host_snapshot(dict(t)) for name, t in parts.items()}
-        meta = {"n_train": self.exchange.intake.n_train, **meta}
-        self._run(self.exchange.transport.publish(step, 0, snapshot, meta))
-
-    def push(self, step: int, pushes: Any) -> None:
-        async def send() -> list[bool]:
-            timeout = self.exchange.settings.fetch_timeout_s
-            return await asyncio.gather(*(
-                self.exchange.transport.push(p.target, kind=p.kind, part=p.part, round_=0, version=step,
-                                             tensors=host_snapshot(dict(p.tensors)), meta=p.meta, timeout=timeout)
-                for p in pushes
-            ))
-
-        refused = [p.target for p, ok in zip(pushes, self._run(send())) if not ok]
-        if refused:
-            raise RuntimeError(f"setup step {step}: {refused} did not take this node's push (see their rejections)")
-
-    def fetch(self, step: int, fetches: Any) -> list[PeerModel]:
-        """Waits up to setup_wait_s: a step may need many earlier ones (other nodes' training) first."""
-        named = [Fetch(f.peer, setup_part(f.part)) for f in fetches]
-        return self._run(self.exchange.gather(named, step, RoundChecks(0), wait=self.wait))
-
-    def first(self, step: int, part: str, peers: Sequence[str]) -> PeerModel | None:
-        """The first of `peers` to serve `part` at `step` or later, within this exchange's wait
-        (fetch_timeout_s for a late node: what it needs was served long ago; None: none did)."""
-        message = self._run(self.exchange.first_served(peers, setup_part(part), step, self.wait))
-        return None if message is None else self.exchange.intake.peer_model(message, RoundChecks(0))
