@@ -32,7 +32,7 @@ import torch
 
 from p2pfl import logs
 from p2pfl.errors import ConfigError
-from p2pfl.algorithms import build_strategy
+from p2pfl.algorithms import build_strategy, needs_coordinator
 from p2pfl.attacks import build_attack
 from p2pfl.data import build_partition
 from p2pfl.models import build_model
@@ -310,6 +310,12 @@ def federation_member(config: NodeConfig) -> FederationMember:
     if sc.runtime.transport not in ("http", "colocated"):
         raise ConfigError("runtime.transport", f"a federation's members reach each other over HTTP; "
                                                f"{sc.runtime.transport!r} cannot")
+    if needs_coordinator(sc.algorithm.name, sc.algorithm.params):
+        raise ConfigError("algorithm.name", f"{sc.algorithm.name} has a global step, run by a coordinator, which a "
+                                            "federation does not have yet; use a roster (p2pfl lan) for it")
+    if sc.runtime.tls:  # a member's record does not carry its TLS certificate's fingerprint yet
+        raise ConfigError("runtime.tls", "a federation's members do not pin each other's TLS certificates yet; "
+                                         "use a roster (p2pfl lan) for HTTPS, or runtime.tls = false")
     topology = Topology.parse(sc.runtime.topology)
     degree = None if topology.kind == "full" else 2 if topology.kind == "ring" else topology.degree
     member = FederationMember(config.federation, NodeKey.load(config.key_file), expected_members=sc.nodes,
