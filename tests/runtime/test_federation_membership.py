@@ -169,3 +169,24 @@ def test_a_roster_member_taken_out_is_refused_with_its_cause(monkeypatch: pytest
     with pytest.raises(NotAMember) as expired:
         roster.verify("alpha", key.sign(data), data)
     assert expired.value.reason == EXPIRED
+
+
+@pytest.mark.parametrize("setting,field", [('runtime.tls=true', "runtime.tls"), ('algorithm.name="di"', "algorithm.name")])
+def test_a_federation_node_refuses_what_a_federation_cannot_do_yet_by_name(tmp_path, capsys, setting: str,
+                                                                           field: str) -> None:
+    from p2pfl.cli import main
+
+    from .helpers import write_tiny
+
+    scenario = write_tiny(tmp_path, nodes=2)
+    assert main(["federation", "init", "--dir", str(tmp_path / "fed")]) == 0
+    assert main(["keygen", "alpha", "--out", str(tmp_path)]) == 0
+    assert main(["federation", "admit", str(tmp_path / "alpha.pub"), "--id", "alpha", "--dir", str(tmp_path / "fed"),
+                 "--out", str(tmp_path / "alpha.cert")]) == 0
+    (tmp_path / "node.toml").write_text(
+        f'id = "alpha"\nkey_file = "alpha.key"\nscenario = "{scenario}"\nport = 9\noverrides = [{setting!r}]\n'
+        '[federation]\npublic_key = "fed/federation.pub"\ncertificate = "alpha.cert"\n'
+        'seeds = ["http://127.0.0.1:9"]\nurl = "http://127.0.0.1:9"\n')
+    capsys.readouterr()
+    assert main(["node", str(tmp_path / "node.toml")]) == 2
+    assert field in capsys.readouterr().err
