@@ -35,6 +35,13 @@ def test_a_run_over_loopback_equals_the_run_over_http(tmp_path: Path) -> None:
                               SHARED_ONE_WORKER)
 
 
+def test_a_sparse_run_over_loopback_equals_the_sparse_run_over_http(tmp_path: Path) -> None:
+    """Sparse parts and their public copies (runtime.wire_sparsity) are carried alike: the same
+    records and the same (sparse) parameter bytes."""
+    _assert_the_run_over_http(tmp_path, write_tiny(tmp_path, nodes=3, rounds=3, samples=40), "loopback",
+                              (*SHARED_ONE_WORKER, 'runtime.wire_sparsity="topk:0.05"'))
+
+
 def test_a_run_over_colocated_workers_equals_the_run_over_http(tmp_path: Path) -> None:
     """Two workers: each node reaches the neighbours of its own worker in memory and the others over HTTP."""
     _assert_the_run_over_http(tmp_path, write_tiny(tmp_path, nodes=4, rounds=2, samples=40), "colocated",
