@@ -137,7 +137,11 @@ class Gossip:
             results = await asyncio.gather(*(self._try(seed) for seed in pending))
             if any(failed is None for failed in results):
                 return
-            tried.update(zip(pending, results))  # type: ignore[arg-type]
+            for seed, failed in zip(pending, results):
+                if seed not in tried and failed is not None and not failed.final:  # no silent wait
+                    self.log.warning("seed %s: %s; trying again each second for up to %.0f s (seed_wait_s)",
+                                     seed, failed, wait_s)
+                tried[seed] = failed  # type: ignore[assignment]
             if loop.time() >= deadline or all(tried[seed].final for seed in others):
                 raise NoSeedAnswered({seed: str(tried[seed]) for seed in others})
             await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
