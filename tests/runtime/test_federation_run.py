@@ -207,6 +207,8 @@ def test_the_lan_walkthrough_runs_as_written_and_refuses_what_it_should(tmp_path
     # gamma's reads are refused by name from then on.
     assert any(REVOKED in json.dumps(results[n]["rejected"]) for n in staying)
     assert results["gamma"]["status"] in ("degraded", "isolated", "ok")
+    assert "certificate_revoked" in results["gamma"]["federation"]["refused_by"]  # gamma was told why
+    assert "a member refuses this node" in logs["gamma"]
 
 
 def test_the_walkthrough_names_a_config_for_each_host_it_starts() -> None:

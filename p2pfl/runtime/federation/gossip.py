@@ -75,6 +75,7 @@ class Gossip:
         self._task: asyncio.Task[None] | None = None
         self._floods: set[asyncio.Task[None]] = set()
         self.exchanges = 0  # made by this node (for its result)
+        self.refused_by = ""  # the first member that refused this node's own record, and why
 
     # ---- serving ------------------------------------------------------------------------------
     async def handle(self, body: bytes) -> tuple[int, bytes]:
@@ -176,6 +177,9 @@ class Gossip:
         try:
             await self.exchange(url)
         except ExchangeFailed as failed:
+            if failed.final and not self.refused_by:  # this node itself is out: say so once, loudly
+                self.refused_by = f"{url}: {failed}"
+                self.log.error("a member refuses this node (%s); its parts are no longer taken", self.refused_by)
             self.log.debug("gossip with %s: %s", url, failed)
 
     def flood(self) -> None:

@@ -125,4 +125,5 @@ class FederationMember:
     def summary(self) -> dict[str, Any]:
         return {"members": sorted(self.directory.records), "removed": self.removed,
                 "refused": {m: cause for m, (cause, _) in sorted(self.directory.refused.items())},
-                "revocations": self.directory.revocations.number, "exchanges": self.gossip.exchanges}
+                "revocations": self.directory.revocations.number, "exchanges": self.gossip.exchanges,
+                "refused_by": self.gossip.refused_by or None}
