@@ -313,13 +313,15 @@ def federation_member(config: NodeConfig) -> FederationMember:
     if needs_coordinator(sc.algorithm.name, sc.algorithm.params):
         raise ConfigError("algorithm.name", f"{sc.algorithm.name} has a global step, run by a coordinator, which a "
                                             "federation does not have yet; use a roster (p2pfl lan) for it")
-    if sc.runtime.tls:  # a member's record does not carry its TLS certificate's fingerprint yet
-        raise ConfigError("runtime.tls", "a federation's members do not pin each other's TLS certificates yet; "
-                                         "use a roster (p2pfl lan) for HTTPS, or runtime.tls = false")
+    scheme = "https" if sc.runtime.tls else "http"
+    for where, url in [("federation.url", config.federation.url), *(("federation.seeds", s) for s in config.federation.seeds)]:
+        if url is not None and not url.startswith(f"{scheme}://"):
+            raise ConfigError(where, f"{url}: runtime.tls is {str(sc.runtime.tls).lower()}, so members are reached at "
+                                     f"{scheme}:// addresses")
     topology = Topology.parse(sc.runtime.topology)
     degree = None if topology.kind == "full" else 2 if topology.kind == "ring" else topology.degree
     member = FederationMember(config.federation, NodeKey.load(config.key_file), expected_members=sc.nodes,
-                              degree=degree, seed=zlib.crc32(config.id.encode()),
+                              degree=degree, seed=zlib.crc32(config.id.encode()), tls=sc.runtime.tls,
                               log=logging.getLogger(f"p2pfl.{config.id}"))
     logging.getLogger("p2pfl").info("trains on this host's own data (data.dataset = %r, all of it); finds its "
                                     "peers from %s", sc.data.dataset, ", ".join(config.federation.seeds))

@@ -171,7 +171,7 @@ def test_a_roster_member_taken_out_is_refused_with_its_cause(monkeypatch: pytest
     assert expired.value.reason == EXPIRED
 
 
-@pytest.mark.parametrize("setting,field", [('runtime.tls=true', "runtime.tls"), ('algorithm.name="di"', "algorithm.name")])
+@pytest.mark.parametrize("setting,field", [('runtime.tls=true', "federation.url"), ('algorithm.name="di"', "algorithm.name")])
 def test_a_federation_node_refuses_what_a_federation_cannot_do_yet_by_name(tmp_path, capsys, setting: str,
                                                                            field: str) -> None:
     from p2pfl.cli import main

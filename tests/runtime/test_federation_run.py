@@ -219,3 +219,35 @@ def test_the_walkthrough_names_a_config_for_each_host_it_starts() -> None:
     assert files == {"alpha/node.toml", "omega/node.toml", "delta/node.toml"}
     text = (ROOT / "docs" / "lan.md").read_text()
     assert "`beta/node.toml` and `gamma/node.toml` are the same with their names and addresses" in text
+
+
+def test_a_federation_over_tls_pins_each_members_certificate_from_its_record(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Two hosts, runtime.tls = true: https addresses, each record names its certificate's
+    fingerprint, and every read between them is pinned to it; both finish with every part."""
+    from .helpers import write_tiny
+
+    scenario = write_tiny(tmp_path, nodes=2, rounds=3, samples=60, extra="")
+    assert main(["federation", "init", "--dir", str(tmp_path / "fed")]) == 0
+    ports = dict(zip(("a", "b"), free_ports(2, "127.0.0.1")))
+    procs = {}
+    for name, port in ports.items():
+        assert main(["keygen", name, "--out", str(tmp_path / name)]) == 0
+        assert main(["federation", "admit", str(tmp_path / name / f"{name}.pub"), "--id", name, "--dir",
+                     str(tmp_path / "fed"), "--out", str(tmp_path / name / f"{name}.cert")]) == 0
+        (tmp_path / name / "node.toml").write_text(
+            f'id = "{name}"\nkey_file = "{name}.key"\nscenario = "{scenario}"\nout = "run"\nhost = "127.0.0.1"\n'
+            f'port = {port}\noverrides = ["runtime.tls=true"]\n\n[federation]\n'
+            f'public_key = "{tmp_path / "fed" / "federation.pub"}"\ncertificate = "{name}.cert"\n'
+            f'seeds = ["https://127.0.0.1:{ports["a"]}"]\nurl = "https://127.0.0.1:{port}"\n')
+    capsys.readouterr()
+    for name in ports:
+        procs[name] = _p2pfl(tmp_path, f"p2pfl node {name}/node.toml", tmp_path / f"{name}.log")
+    for proc in procs.values():
+        proc.wait(timeout=LIMIT_S)
+    for name in ports:
+        result = json.loads((tmp_path / name / "run" / "nodes" / f"{name}.result.json").read_text())
+        log = (tmp_path / f"{name}.log").read_text()
+        assert result["status"] == "ok", log[-2000:]
+        assert [r["arrived"] for r in result["rounds"]] == [[other] for other in ports if other != name] * 3
+        assert result["rejected"]["total"] == 0, result["rejected"]

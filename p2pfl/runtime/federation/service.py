@@ -20,6 +20,7 @@ from p2pfl.runtime.federation.directory import Directory
 from p2pfl.runtime.federation.gossip import SERVICE, Gossip
 from p2pfl.runtime.federation.records import MemberRecord, sign_record
 from p2pfl.runtime.federation.certificates import Certificate
+from p2pfl.runtime.tls import fingerprint
 from p2pfl.wire import NodeKey
 
 WAIT_LOG_EVERY_S = 5.0
@@ -29,10 +30,14 @@ class FederationMember:
     name = "federation"
 
     def __init__(self, config: FederationConfig, key: NodeKey, *, expected_members: int, degree: int | None,
-                 seed: int = 0, log: logging.Logger | None = None) -> None:
+                 seed: int = 0, tls: bool = False, log: logging.Logger | None = None) -> None:
+        """`tls`: the members serve HTTPS (runtime.tls); each record names its certificate's
+        fingerprint, which the others pin."""
         self.config = config
         self.log = log or logging.getLogger("p2pfl.federation")
-        own = sign_record(key, Certificate.load(config.certificate), config.url, now=time.time())
+        certificate = Certificate.load(config.certificate)
+        own = sign_record(key, certificate, config.url, now=time.time(),
+                          tls_fingerprint=fingerprint(key, certificate.member) if tls else None)
         self.directory = Directory(config.public_key, own, log=self.log)
         self.gossip = Gossip(self.directory, period_s=config.gossip_s, seed=seed, log=self.log)
         self.expected_members = expected_members
@@ -88,6 +93,8 @@ class FederationMember:
             return
         transport = node.transport
         transport.roster.admit(record.member, record.public_key, record.certificate.expires)
+        if record.tls_fingerprint is not None and hasattr(transport, "pin_peer"):
+            transport.pin_peer(record.member, record.tls_fingerprint)
         if record.url is not None:
             transport.urls[record.member] = record.url
             node.neighbours.admit(record.member, node.round + 1, node.settings.rounds)

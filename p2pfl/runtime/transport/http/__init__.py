@@ -43,6 +43,10 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self.reading_seqs: set[tuple[str, int]] = set()  # (sender, seq) of heads whose bodies are being read
         self._rates: tuple[ServerLimits, MemberRates] | None = None
 
+    def pin_peer(self, peer: str, fingerprint: str) -> None:
+        """Pin `peer`'s TLS certificate from now on (a member admitted while the node runs)."""
+        self._pins[peer] = pin(fingerprint)
+
     @property
     def member_rates(self) -> MemberRates:
         """Each member's token bucket, made anew when `server_limits` is replaced."""
