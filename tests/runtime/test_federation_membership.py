@@ -190,3 +190,60 @@ def test_a_federation_node_refuses_what_a_federation_cannot_do_yet_by_name(tmp_p
     capsys.readouterr()
     assert main(["node", str(tmp_path / "node.toml")]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_two_thousand_hostile_exchanges_get_an_answer_and_change_nothing(fed: NodeKey) -> None:
+    """Random msgpack, valid payloads with a field replaced by junk, and bit-flipped bodies: each is
+    answered 200 or 403 (never an exception), and no member is admitted or removed by them."""
+    import asyncio
+    import random
+
+    import msgpack
+
+    from p2pfl.runtime.federation.gossip import Gossip, encode
+
+    rng = random.Random(7)
+    _, own = _member(fed, "self")
+    gossip = Gossip(Directory(fed.public_hex, own, clock=lambda: NOW))
+    _, alpha = _member(fed, "alpha")
+    assert gossip.directory.offer(alpha) == alpha
+    _, beta = _member(fed, "beta")
+    valid = {"from": beta.to_dict(), "records": [alpha.to_dict()], "revocations": revoke(fed, None, "x", now=NOW).to_dict()}
+
+    def junk(depth: int = 0):
+        pick = rng.randrange(8 if depth < 2 else 5)
+        if pick == 5:
+            return [junk(depth + 1) for _ in range(3)]
+        if pick == 6:
+            return {rng.choice(["member", "url", "at", "certificate", "x"]): junk(depth + 1)}
+        return [None, True, rng.randrange(-2**63, 2**63), rng.random() * 1e300,
+                "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(0, 30))), None, None, b"\x00" * 3][pick]
+
+    def mutated() -> dict:
+        payload = {k: (dict(v) if isinstance(v, dict) else list(v)) for k, v in valid.items()}
+        where = rng.choice(["from", "revocations"])
+        field = rng.choice(list(payload[where]))
+        payload[where][field] = junk()
+        return payload
+
+    statuses = set()
+
+    async def run() -> None:
+        for i in range(2000):
+            kind = i % 3
+            if kind == 0:
+                body = msgpack.packb(junk(), use_bin_type=True)
+            elif kind == 1:
+                body = encode(mutated())
+            else:
+                body = bytearray(encode(valid))
+                for _ in range(rng.randrange(1, 6)):
+                    body[rng.randrange(len(body))] ^= 1 << rng.randrange(8)
+                body = bytes(body)
+            status, _ = await gossip.handle(body)
+            statuses.add(status)
+
+    asyncio.run(run())
+    assert statuses == {200, 403}  # both: some mutations leave a payload that is still valid
+    assert set(gossip.directory.records) <= {"alpha", "beta"} and "alpha" in gossip.directory.records
+    assert gossip.directory.revocations.number == 0 or gossip.directory.revocations.revoked == {"x": NOW}
