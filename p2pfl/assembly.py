@@ -31,8 +31,7 @@ from typing import Any
 import torch
 
 from p2pfl import logs
-from p2pfl.errors import ConfigError
-from p2pfl.algorithms import build_strategy, needs_coordinator
+from p2pfl.algorithms import build_strategy
 from p2pfl.attacks import build_attack
 from p2pfl.data import build_partition
 from p2pfl.models import build_model
@@ -42,6 +41,7 @@ from p2pfl.runtime.churn import NodeScript, scripts_of
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.federation.gossip import NoSeedAnswered
 from p2pfl.runtime.federation.service import FederationMember
+from p2pfl.scenario.federation import federation_member
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.devices import data_to_device, node_device
@@ -301,32 +301,6 @@ def run_node(config: NodeConfig, resume: bool = False, together: bool = False, j
         print(f"{config.id}: {result['status']}, final accuracy {result.get('final_test_acc')}; "
               f"result in {RunFolder(config.out).node_result(config.id)}", file=sys.stderr)
     return exit_status([result])
-
-
-def federation_member(config: NodeConfig) -> FederationMember:
-    """This node's federation member, admitted by a seed already (NoSeedAnswered: by none)."""
-    assert config.federation is not None
-    sc = load_scenario(config.scenario, config.overrides)
-    if sc.runtime.transport not in ("http", "colocated"):
-        raise ConfigError("runtime.transport", f"a federation's members reach each other over HTTP; "
-                                               f"{sc.runtime.transport!r} cannot")
-    if needs_coordinator(sc.algorithm.name, sc.algorithm.params):
-        raise ConfigError("algorithm.name", f"{sc.algorithm.name} has a global step, run by a coordinator, which a "
-                                            "federation does not have yet; use a roster (p2pfl lan) for it")
-    scheme = "https" if sc.runtime.tls else "http"
-    for where, url in [("federation.url", config.federation.url), *(("federation.seeds", s) for s in config.federation.seeds)]:
-        if url is not None and not url.startswith(f"{scheme}://"):
-            raise ConfigError(where, f"{url}: runtime.tls is {str(sc.runtime.tls).lower()}, so members are reached at "
-                                     f"{scheme}:// addresses")
-    topology = Topology.parse(sc.runtime.topology)
-    degree = None if topology.kind == "full" else 2 if topology.kind == "ring" else topology.degree
-    member = FederationMember(config.federation, NodeKey.load(config.key_file), expected_members=sc.nodes,
-                              degree=degree, seed=zlib.crc32(config.id.encode()), tls=sc.runtime.tls,
-                              log=logging.getLogger(f"p2pfl.{config.id}"))
-    logging.getLogger("p2pfl").info("trains on this host's own data (data.dataset = %r, all of it); finds its "
-                                    "peers from %s", sc.data.dataset, ", ".join(config.federation.seeds))
-    asyncio.run(member.discover())
-    return member
 
 
 def _hosting(configs: Sequence[NodeConfig], resume: bool, together: bool = False,

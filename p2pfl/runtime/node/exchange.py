@@ -1,14 +1,12 @@
 """The node's traffic with its peers over its `Transport`: publishing a round's parts, pushes,
 gathering what the strategy asked for (a fetch answered by the peer's server or by its push,
-whichever comes first), and the setup exchange before round 1."""
+whichever comes first); an outbound-only node's pushes; sparse parts (`p2pfl.runtime.sparse_wire`)."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,10 +20,9 @@ from p2pfl.runtime.node.intake import Intake, RoundChecks
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.peer_claims import ClaimRefused
 from p2pfl.runtime.precision import quantize
-from p2pfl.runtime.run_folder import ArtefactSink
 from p2pfl.runtime.settings import NodeSettings, Sparsity
 from p2pfl.runtime.sparse_wire import BASE_META, REF_SUFFIX, NeedReference, SparseSender
-from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy, overrides
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PeerModel, Push, RoundContext, Strategy
 from p2pfl.runtime.transport import Transport
 from p2pfl.wire import Message
 
@@ -242,30 +239,3 @@ class Exchange:
     def _dropped(self, arrival: PeerModel) -> None:
         self.log.warning("round %d: %s's %s dropped: it is no longer a member", self.ctx.round, arrival.sender, arrival.part)
         return None
-
-    async def run_setup(self, counter: Any, artefacts: ArtefactSink, *, late: bool = False,
-                        joiners: bool = False) -> tuple[bool, dict[str, Any] | None]:
-        """`Strategy.setup` with the setup exchange open; its bytes and records are round 0's.
-        Returns whether it ran (the base class's is a no-op) and what the run keeps of it (None:
-        it exchanged and recorded nothing). `late`, `joiners`: `SetupExchange`'s."""
-        t0 = time.perf_counter()
-        counter.begin_round(0)
-        artefacts.begin_round(0)
-        if not overrides(self.strategy, Strategy, "setup"):  # no thread for nothing (a worker starts hundreds of nodes)
-            return False, None
-        loop = asyncio.get_running_loop()
-        from p2pfl.runtime.node.setup_exchange import SetupExchange  # it calls back into this module
-
-        self.ctx.exchange = SetupExchange(self, loop, late=late, joiners=joiners)
-        self.ctx.peers = self.neighbours.present(self.ctx.round + 1)  # not a neighbour that joins later: none to wait for
-        # A thread of its own: setup blocks on exchanges that need the loop's default executor
-        # (encoding), which nodes sharing a process would otherwise fill with waiting setups.
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{self.ctx.node_id}-setup") as pool:
-            try:
-                await loop.run_in_executor(pool, self.strategy.setup, self.ctx)
-            finally:
-                self.ctx.exchange = None
-        summary = counter.round_summary(0)
-        if summary.get("bytes_sent") or summary.get("bytes_received") or artefacts.records:
-            return True, {**summary, "wall_s": time.perf_counter() - t0, "strategy": dict(artefacts.records)}
-        return True, None

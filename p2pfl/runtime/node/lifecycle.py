@@ -21,6 +21,7 @@ import numpy as np
 from p2pfl.runtime.checkpoint import CheckpointError
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.node.exchange import Exchange
+from p2pfl.runtime.node.setup_exchange import run_setup
 from p2pfl.runtime.node.intake import Intake
 from p2pfl.runtime.node.membership import Membership
 from p2pfl.runtime.node.neighbours import Neighbours
@@ -143,8 +144,8 @@ class Node:
             self.scorer.last = self.scorer.model_scores()
 
     async def _set_up(self, late: bool) -> None:
-        ran, self.state.setup_record = await self.exchange.run_setup(
-            self.parts.counter, self.kit.artefacts, late=late, joiners=bool(self.parts.joins_late) or late)
+        ran, self.state.setup_record = await run_setup(
+            self.exchange, self.parts.counter, self.kit.artefacts, late=late, joiners=bool(self.parts.joins_late) or late)
         if ran:
             self.scorer.last = None  # setup may have changed the model
         self.stage = Stage.SET_UP

@@ -1,10 +1,12 @@
 """The setup exchange before round 1 (`p2pfl.runtime.strategy.SetupExchange`) over a node's
-`Exchange`: the strategy's `setup` runs in a worker thread and calls these, which run on the
+`Exchange`: `run_setup` runs the strategy's `setup` in a worker thread, whose calls run on the
 node's event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +14,8 @@ import torch
 
 from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.node.intake import RoundChecks
-from p2pfl.runtime.strategy import Fetch, PeerModel, setup_part
+from p2pfl.runtime.run_folder import ArtefactSink
+from p2pfl.runtime.strategy import Fetch, PeerModel, Strategy, overrides, setup_part
 
 if TYPE_CHECKING:
     from p2pfl.runtime.node.exchange import Exchange
@@ -59,3 +62,30 @@ class SetupExchange:
         (fetch_timeout_s for a late node: what it needs was served long ago; None: none did)."""
         message = self._run(self.exchange.first_served(peers, setup_part(part), step, self.wait))
         return None if message is None else self.exchange.intake.peer_model(message, RoundChecks(0))
+
+
+async def run_setup(exchange: Exchange, counter: Any, artefacts: ArtefactSink, *, late: bool = False,
+                    joiners: bool = False) -> tuple[bool, dict[str, Any] | None]:
+    """`Strategy.setup` with the setup exchange open; its bytes and records are round 0's.
+    Returns whether it ran (the base class's is a no-op) and what the run keeps of it (None:
+    it exchanged and recorded nothing). `late`, `joiners`: `SetupExchange`'s."""
+    t0 = time.perf_counter()
+    counter.begin_round(0)
+    artefacts.begin_round(0)
+    if not overrides(exchange.strategy, Strategy, "setup"):  # no thread for nothing (a worker starts hundreds of nodes)
+        return False, None
+    loop = asyncio.get_running_loop()
+    exchange.ctx.exchange = SetupExchange(exchange, loop, late=late, joiners=joiners)
+    # Not a neighbour that joins later: none to wait for.
+    exchange.ctx.peers = exchange.neighbours.present(exchange.ctx.round + 1)
+    # A thread of its own: setup blocks on exchanges that need the loop's default executor
+    # (encoding), which nodes sharing a process would otherwise fill with waiting setups.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{exchange.ctx.node_id}-setup") as pool:
+        try:
+            await loop.run_in_executor(pool, exchange.strategy.setup, exchange.ctx)
+        finally:
+            exchange.ctx.exchange = None
+    summary = counter.round_summary(0)
+    if summary.get("bytes_sent") or summary.get("bytes_received") or artefacts.records:
+        return True, {**summary, "wall_s": time.perf_counter() - t0, "strategy": dict(artefacts.records)}
+    return True, None
