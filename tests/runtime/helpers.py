@@ -15,7 +15,7 @@ from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.node import Node
 from p2pfl.hosting.ports import free_ports
 from p2pfl.scenario.schema import load_scenario
-from p2pfl.wire import NodeKey, encode
+from p2pfl.wire import NodeKey, Roster, encode, open_message
 
 if TYPE_CHECKING:
     from p2pfl.coordinator.service import Coordinator
@@ -151,3 +151,12 @@ def interruptible() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def through_wire(tensors: dict[str, Any], spec: dict) -> dict[str, Any]:
+    """`tensors` sealed as a signed frame and opened again, checked against `spec`."""
+    sender, receiver = NodeKey.generate(), NodeKey.generate()
+    frame = encode(key=sender, kind="model", sender="a", recipient="b", round=1, version=1, seq=1, part="full",
+                   meta={}, tensors=tensors)
+    roster = Roster({"a": sender.public_hex, "b": receiver.public_hex})
+    return open_message(frame, roster=roster, recipient="b", replay=None, expected=spec).torch_tensors()

@@ -14,23 +14,14 @@ from p2pfl.runtime.settings import SPARSE_KINDS, Sparsity
 from p2pfl.runtime.sparse_wire import (INDEX_SUFFIX, RESTARTED, REF_SUFFIX, VALUE_SUFFIX, NeedReference, SparseReceiver,
                                        SparseRefused, SparseSender, reference_spec, sparse_spec)
 from p2pfl.scenario.schema import load_scenario
-from p2pfl.wire import NodeKey, Roster, encode, open_message
 from p2pfl.wire.errors import ShapeMismatch
 
-from .helpers import build_in_process, run_in_process, write_tiny
+from .helpers import build_in_process, run_in_process, through_wire, write_tiny
 
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return build_model("cnn", 1, 28, 10)
-
-
-def _through_wire(tensors: dict[str, torch.Tensor], spec: dict) -> dict[str, torch.Tensor]:
-    sender, receiver = NodeKey.generate(), NodeKey.generate()
-    frame = encode(key=sender, kind="model", sender="a", recipient="b", round=1, version=1, seq=1, part="full",
-                   meta={}, tensors=tensors)
-    roster = Roster({"a": sender.public_hex, "b": receiver.public_hex})
-    return open_message(frame, roster=roster, recipient="b", replay=None, expected=spec).torch_tensors()
 
 
 def _train_a_little(model: torch.nn.Module, step: int) -> None:
@@ -56,11 +47,11 @@ def test_the_receiver_rebuilds_the_senders_public_copy_bit_for_bit_through_the_w
         _train_a_little(model, version)
         wire, base = sender.encode(version, {"full": part_state(model, "full")})
         assert base == version - 1 and set(wire) == {"full", "full" + REF_SUFFIX}
-        arrived = _through_wire(wire["full"], sparse_spec(spec, 0.05))  # names, shapes and dtypes checked
+        arrived = through_wire(wire["full"], sparse_spec(spec, 0.05))  # names, shapes and dtypes checked
         rebuilt = receiver.rebuild("a", "full", version, base, arrived, spec)
         public = sender.feedback["full"].reference
         assert all(torch.equal(rebuilt[name], public[name]) for name in public)
-        assert torch.equal(_through_wire(wire["full" + REF_SUFFIX], reference_spec(spec))[next(iter(public))],
+        assert torch.equal(through_wire(wire["full" + REF_SUFFIX], reference_spec(spec))[next(iter(public))],
                            public[next(iter(public))])
     # With error feedback the public copy plus the residual is the model itself: nothing is lost.
     if error_feedback:
@@ -123,7 +114,7 @@ def test_a_malformed_sparse_part_is_refused_with_its_reason(change, reason: str)
     name = next(n for n in wire["full"] if n.endswith(INDEX_SUFFIX))
     bad = {**wire["full"], name: change(wire["full"][name])}
     with pytest.raises(SparseRefused, match=reason) as info:
-        receiver.rebuild("a", "full", 1, base, _through_wire(bad, sparse_spec(spec, 0.1)), spec)
+        receiver.rebuild("a", "full", 1, base, through_wire(bad, sparse_spec(spec, 0.1)), spec)
     assert info.value.reason == "sparse_malformed"
     with pytest.raises(SparseRefused, match="cannot precede"):
         receiver.rebuild("a", "full", 1, 1, wire["full"], spec)  # against its own version
@@ -137,7 +128,7 @@ def test_indices_of_another_length_than_their_values_are_refused_by_the_wire() -
     wire, _ = sender.encode(1, {"full": part_state(model, "full")})
     name = next(n for n in wire["full"] if n.endswith(VALUE_SUFFIX))
     with pytest.raises(ShapeMismatch):
-        _through_wire({**wire["full"], name: wire["full"][name][:-1]}, sparse_spec(spec, 0.1))
+        through_wire({**wire["full"], name: wire["full"][name][:-1]}, sparse_spec(spec, 0.1))
 
 
 def test_a_bad_sparsity_is_a_config_error(tmp_path) -> None:

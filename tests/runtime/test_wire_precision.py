@@ -14,10 +14,9 @@ from p2pfl.errors import ConfigError
 from p2pfl.models import build_model, part_state
 from p2pfl.runtime.precision import INT8_LEVELS, SCALE_SUFFIX, dequantize, quantize, wire_spec
 from p2pfl.scenario.schema import load_scenario
-from p2pfl.wire import NodeKey, Roster, encode, open_message
 from p2pfl.wire.errors import NonFiniteValues, ShapeMismatch
 
-from .helpers import build_in_process, run_in_process, write_tiny
+from .helpers import build_in_process, run_in_process, through_wire, write_tiny
 
 
 def _model_state() -> tuple[dict[str, torch.Tensor], dict]:
@@ -31,18 +30,10 @@ def _model_state() -> tuple[dict[str, torch.Tensor], dict]:
     return state, {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in state.items()}
 
 
-def _through_wire(tensors: dict[str, torch.Tensor], spec: dict) -> dict[str, torch.Tensor]:
-    sender, receiver = NodeKey.generate(), NodeKey.generate()
-    frame = encode(key=sender, kind="model", sender="a", recipient="b", round=1, version=1, seq=1, part="full",
-                   meta={}, tensors=tensors)
-    roster = Roster({"a": sender.public_hex, "b": receiver.public_hex})
-    return open_message(frame, roster=roster, recipient="b", replay=None, expected=spec).torch_tensors()
-
-
 @pytest.mark.parametrize("precision", ["float32", "float16", "int8"])
 def test_quantised_part_passes_the_wire_checks_and_comes_back_in_the_model_dtypes(precision: str) -> None:
     state, spec = _model_state()
-    received = dequantize(_through_wire(quantize(state, precision), wire_spec(spec, precision)), spec, precision)
+    received = dequantize(through_wire(quantize(state, precision), wire_spec(spec, precision)), spec, precision)
     assert set(received) == set(state)
     for name, original in state.items():
         back = received[name]
@@ -92,13 +83,13 @@ def test_half_precision_overflow_is_refused_as_non_finite() -> None:
     name = next(n for n, t in state.items() if t.is_floating_point())
     state[name] = state[name] + 1e6  # beyond float16's 65504: Inf on the wire
     with pytest.raises(NonFiniteValues):
-        _through_wire(quantize(state, "float16"), wire_spec(spec, "float16"))
+        through_wire(quantize(state, "float16"), wire_spec(spec, "float16"))
 
 
 def test_a_full_precision_part_is_refused_where_int8_is_expected() -> None:
     state, spec = _model_state()
     with pytest.raises(ShapeMismatch):
-        _through_wire(state, wire_spec(spec, "int8"))
+        through_wire(state, wire_spec(spec, "int8"))
 
 
 def test_unknown_precision_is_a_config_error(tmp_path) -> None:

@@ -76,9 +76,10 @@ def _time(value: Any, what: str) -> float:
     return float(value)
 
 
-def signature_holds(public_hex: str, signature: bytes, data: bytes) -> bool:
+def signature_holds(public_hex: str, signature_hex: str, data: bytes) -> bool:
+    """Whether `signature_hex` (as a certificate, list or record carries it) signs `data` under the key."""
     try:
-        nacl.bindings.crypto_sign_open(bytes(signature) + data, bytes.fromhex(public_hex))
+        nacl.bindings.crypto_sign_open(bytes.fromhex(signature_hex) + data, bytes.fromhex(public_hex))
     except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, ValueError, TypeError):
         return False
     return True
@@ -195,11 +196,7 @@ def check_revocations(revocations: Revocations, federation_public: str) -> None:
     if revocations.federation != federation_public:
         raise Refused(WRONG_FEDERATION, f"revocation list of federation {revocations.federation[:16]}..., "
                                         f"not {federation_public[:16]}...")
-    try:
-        signature = bytes.fromhex(revocations.signature)
-    except ValueError:
-        signature = b""
-    if not signature_holds(federation_public, signature, revocations.signed_bytes()):
+    if not signature_holds(federation_public, revocations.signature, revocations.signed_bytes()):
         raise Refused(MALFORMED, "the revocation list's signature does not verify under the federation key")
 
 
@@ -209,11 +206,7 @@ def check(certificate: Certificate, federation_public: str, *, now: float, revoc
     if certificate.federation != federation_public:
         raise Refused(WRONG_FEDERATION, f"{quote(certificate.member)}'s certificate names federation "
                                         f"{certificate.federation[:16]}..., this one is {federation_public[:16]}...")
-    try:
-        signature = bytes.fromhex(certificate.signature)
-    except ValueError:
-        signature = b""
-    if not signature_holds(federation_public, signature, certificate.signed_bytes()):
+    if not signature_holds(federation_public, certificate.signature, certificate.signed_bytes()):
         raise Refused(UNKNOWN, f"{quote(certificate.member)}'s certificate is not signed by this federation's key")
     if certificate.expires is not None and now >= certificate.expires:
         raise Refused(EXPIRED, f"{quote(certificate.member)}'s certificate expired {now - certificate.expires:.0f} s ago")

@@ -150,46 +150,50 @@ async def tell(urls: list[str], revocations: Revocations, timeout_s: float = 5.0
     """Hand `revocations` to each member at `urls`: url -> "taken" or what it answered."""
     import aiohttp
 
-    from p2pfl.runtime.deadline import wait_at_most
     from p2pfl.runtime.federation.gossip import PATH, encode
 
     body = encode({"revocations": revocations.to_dict()})
 
     async def one(session: Any, url: str) -> str:
-        async def post() -> str:
-            async with session.post(url.rstrip("/") + PATH, data=body, ssl=False) as response:
-                text = (await response.read())[:200]
-                return "taken" if response.status == 200 else f"{response.status} {text.decode(errors='replace')}"
-        try:
-            return await wait_at_most(post(), timeout_s)
-        except asyncio.TimeoutError:
-            return f"no answer within {timeout_s:g} s"
-        except aiohttp.ClientError as exc:
-            return f"cannot reach it ({exc})"
+        answer = await _request(session, "POST", url.rstrip("/") + PATH, timeout_s, body)
+        if isinstance(answer, str):
+            return answer
+        return "taken" if answer[0] == 200 else f"{answer[0]} {answer[1][:200].decode(errors='replace')}"
 
     async with aiohttp.ClientSession() as session:
         answers = await asyncio.gather(*(one(session, u) for u in urls))
     return dict(zip(urls, answers))
 
 
+async def _request(session: Any, method: str, url: str, timeout_s: float,
+                   body: bytes | None = None) -> tuple[int, bytes] | str:
+    """(status, body) of one request to a member (unpinned TLS: what it answers is signed, or
+    public), or what went wrong, in words."""
+    import aiohttp
+
+    from p2pfl.runtime.deadline import wait_at_most
+
+    async def send() -> tuple[int, bytes]:
+        async with session.request(method, url, data=body, ssl=False) as response:
+            return response.status, await response.read()
+
+    try:
+        return await wait_at_most(send(), timeout_s)
+    except asyncio.TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except aiohttp.ClientError as exc:
+        return f"cannot reach it ({exc})"
+
+
 async def _status(seed: str, timeout_s: float) -> int:
     import aiohttp
     import msgpack
 
-    from p2pfl.runtime.deadline import wait_at_most
     from p2pfl.runtime.federation.gossip import PATH
 
     async with aiohttp.ClientSession() as session:
         async def get(url: str) -> tuple[int, bytes] | str:
-            async def read() -> tuple[int, bytes]:
-                async with session.get(url, ssl=False) as response:
-                    return response.status, await response.read()
-            try:
-                return await wait_at_most(read(), timeout_s)
-            except asyncio.TimeoutError:
-                return f"no answer within {timeout_s:g} s"
-            except aiohttp.ClientError as exc:
-                return f"cannot reach it ({exc})"
+            return await _request(session, "GET", url, timeout_s)
 
         answer = await get(seed + PATH)
         if isinstance(answer, str) or answer[0] != 200:

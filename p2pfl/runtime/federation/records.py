@@ -91,9 +91,5 @@ def check_record(record: MemberRecord, federation_public: str, *, now: float, re
     check(record.certificate, federation_public, now=now, revocations=revocations)
     if record.member != record.certificate.member:
         raise Refused(MALFORMED, f"record of {quote(record.member)} carries {quote(record.certificate.member)}'s certificate")
-    try:
-        signature = bytes.fromhex(record.signature)
-    except ValueError:
-        signature = b""
-    if not signature_holds(record.public_key, signature, record.signed_bytes()):
+    if not signature_holds(record.public_key, record.signature, record.signed_bytes()):
         raise Refused(MALFORMED, f"{quote(record.member)}'s record is not signed by the key its certificate names")
