@@ -3,6 +3,7 @@ round lost; a corrupt, foreign or other-scenario checkpoint is refused before an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -17,7 +18,7 @@ import torch
 
 from p2pfl.assembly import assemble_node
 from p2pfl.runtime.status import PROGRESS_PREFIX
-from p2pfl.runtime.checkpoint import CheckpointError
+from p2pfl.runtime.checkpoint import CheckpointError, swap_path
 from p2pfl.runtime.node import Node, RoundRecord, Stage
 from p2pfl.runtime.node.round import Round
 from p2pfl.runtime.safeguard import LocalSafeguard
@@ -459,3 +460,37 @@ def test_finding_10_a_damaged_checkpoint_is_named_in_the_summary_with_the_intact
     shutil.move(swap, damaged)  # as the line says
     resumed, code = run_scenario(scenario, out, progress=False, quiet=True, resume=True)
     assert code == 0 and [r["round"] for r in resumed["nodes"][0]["rounds"]] == [1, 2, 3]  # round 3 run again
+
+
+def test_a_node_resumed_after_its_last_round_serves_a_neighbour_that_starts_after_its_start_wait(tmp_path: Path) -> None:
+    """Before: node-1, resumed at the run's end, gave up waiting for node-0 after start_wait_s and
+    lingered only for peers that answered: node-0, still starting (importing torch on a loaded
+    machine), counted as gone, so node-1 exited and node-0 replayed its last round alone. node-0
+    is started here only once node-1 lingers."""
+    overrides = ("runtime.start_wait_s=0.5",)
+    path = write_tiny(tmp_path, nodes=2, rounds=3, samples=40)
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides)
+    first, _, _ = run_in_process(nodes, None)
+    assert [r["status"] for r in first] == ["ok"] * 2
+    checkpoint = nodes[0].state.path
+    checkpoint.write_bytes(swap_path(checkpoint).read_bytes())  # node-0 back at round 2, node-1 at round 3
+    again = [assemble_node(n.config, scenario_of(n), resume=True) for n in nodes]
+    lingering = asyncio.Event()
+    transport = again[1].parts.transport
+    linger = transport.linger
+
+    async def noted(*args: object, **kwargs: object) -> None:
+        lingering.set()
+        await linger(*args, **kwargs)
+
+    transport.linger = noted  # type: ignore[method-assign]
+
+    async def staggered() -> list[dict]:
+        late = asyncio.create_task(again[1].run())
+        await lingering.wait()
+        return [await again[0].run(), await late]
+
+    node_0, node_1 = asyncio.run(staggered())
+    assert node_0["status"] == node_1["status"] == "ok", (node_0["status"], node_0.get("error"))
+    assert [r["round"] for r in node_0["rounds"]] == [1, 2, 3]
+    assert node_0["rounds"][2]["arrived"] == ["node-1"]  # its replayed round was served

@@ -200,12 +200,12 @@ class Node:
         await transport.start(cfg.host, cfg.port)
         started = time.perf_counter()
         status, error, goodbye, resume_failed = "ok", None, "", False
+        first, silent = 1, set[str]()  # the first round to run; the awaited peers not up when it started
         try:
             for companion in self.parts.companions:
                 await companion.start(self)
             self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port,
                           len(transport.peers) - (cfg.coordinator is not None), sc.algorithm)
-            first = 1
             if self.arrival == "resume":  # before the start wait: a missing or foreign checkpoint is an error now
                 first = await asyncio.to_thread(self.restore) + 1
                 self.state.restarts.append({"after_round": first - 1, "at": time.time()})
@@ -254,7 +254,10 @@ class Node:
             told = self.neighbours.goodbye_targets(transport.readers())
             await transport.say_goodbye(told + ([COORDINATOR_ID] if cfg.coordinator is not None else []), goodbye)
         else:
-            await transport.linger(set(self.neighbours.asked), sc.linger_s)
+            # Resumed after its last round, it asked nobody: a silent neighbour is one still starting,
+            # which will replay rounds this node serves.
+            not_up_yet = silent - self.neighbours.departed if first > sc.rounds else set()
+            await transport.linger(set(self.neighbours.asked), sc.linger_s, not_up_yet)
         for companion in self.parts.companions:
             await companion.stop()
         # Closed before the result is taken, so that every message the node answered (and

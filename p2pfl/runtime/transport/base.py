@@ -324,14 +324,18 @@ class Carrier:
                 backoff = min(backoff * 2, 4.0)
         return silent
 
-    async def linger(self, peers: set[str], seconds: float) -> None:
-        """Keep serving until every peer in `peers` reports done or stops answering, or `seconds` pass."""
+    async def linger(self, peers: set[str], seconds: float, not_up_yet: Iterable[str] = ()) -> None:
+        """Keep serving until every peer in `peers` reports done or stops answering, or `seconds` pass.
+        A peer in `not_up_yet` has not answered this node so far: its silence means it is still
+        starting, not that it stopped, so it is waited for until it answers or reads from this node
+        once (a node resumed after its last round serves a neighbour that starts later than it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        pending = set(peers)
+        pending, unseen = set(peers), set(not_up_yet) & set(peers)
         while pending and loop.time() < deadline:
             names = sorted(pending)
             statuses = await self._statuses(names, STATUS_POLL_TIMEOUT_S)
-            pending = {p for p, s in zip(names, statuses) if s is not None and not s.get("done")}
+            unseen -= {p for p, s in zip(names, statuses) if s is not None} | self._reads_by_peer.keys()  # up once: read from us
+            pending = {p for p, s in zip(names, statuses) if (s is None and p in unseen) or (s is not None and not s.get("done"))}
             if pending:
                 await asyncio.sleep(0.5)
