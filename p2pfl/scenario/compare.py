@@ -252,7 +252,8 @@ def per_node_test_note(rows: Mapping[str, list[dict[str, Any]]]) -> str | None:
     lo, hi = min(sizes), max(sizes)
     span = f"{lo}" if lo == hi else f"{lo}–{hi}"
     worth = f"{100 / hi:.2g}" if lo == hi else f"{100 / hi:.2g}–{100 / lo:.2g}"
-    return (f"Per-node test splits hold {span} samples: one test sample is {worth} points of a node's accuracy "
+    unit = "point" if worth == "1" else "points"
+    return (f"Per-node test splits hold {span} samples: one test sample is {worth} {unit} of a node's accuracy "
             f"(the per-node and *worst* columns move in those steps).")
 
 

@@ -288,3 +288,12 @@ def test_the_poisoning_grid_pairs_each_attacked_run_with_its_clean_seed(tmp_path
     assert cells[6].startswith("-10.0") and cells[8] == "3"
     # Against the clean run under the bound: (0.7 - 0.8), (0.7 - 0.8), (0.6 - 0.7), -0.1 again.
     assert cells[7].startswith("-10.0")
+
+
+def test_the_per_node_note_says_what_one_test_sample_is_worth() -> None:
+    from p2pfl.scenario.compare import per_node_test_note
+
+    assert "one test sample is 1 point of" in per_node_test_note({"a": [{"test_sizes": [100, 100]}]})
+    assert "hold 23–181 samples: one test sample is 0.55–4.3 points of" in per_node_test_note(
+        {"a": [{"test_sizes": [181, 23]}], "b": [{"test_sizes": [0]}]})
+    assert per_node_test_note({"a": [{"seed": 0}]}) is None
