@@ -34,6 +34,7 @@ from typing import Any
 from p2pfl.report.trust_figures import attacker_rank_table
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs
 from p2pfl.core.evidence import evidence_z, prefer_federated
+from p2pfl.core.paired import holm_corrected, paired_difference
 
 RELEVANCE_METRICS = ("precision", "recall", "precision_at_k", "spearman")
 SAFEGUARD_LEVELS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -193,29 +194,49 @@ def safeguard_level_table(outcomes: Mapping[str, Mapping[tuple[float, bool], Lev
 
 
 def held_out_table(folders: Sequence[Path]) -> str:
-    """Rows × held-out domains: final held-out accuracy of the global model, % mean (std) over seeds."""
+    """Rows × held-out domains: final held-out accuracy of the global model, % mean (std) over seeds.
+    Where the folders name one `--reference` row, each other row's average over domains gets its
+    paired difference against it over the seeds both ran, Holm-corrected over the table's rows."""
     columns: list[str] = []
-    cells: dict[str, dict[str, list[float]]] = defaultdict(dict)
-    best: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    cells: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
+    best: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
+    references = set()
     for folder in folders:
         runs = _row_runs(folder)
+        references.add(_compare_reference(folder))
         domain = None
         for label, results in runs.items():
             for res in results:
                 domain = res["scenario"]["data"].get("held_out_domain") or domain
-            cells[label][domain or folder.name] = [res["summary"].get("held_out_acc") for res in results]
-            best[label][domain or folder.name] = [res["summary"].get("held_out_acc_best") for res in results]
+            key = domain or folder.name
+            cells[label][key] = {res["scenario"]["seed"]: res["summary"].get("held_out_acc") for res in results}
+            best[label][key] = {res["scenario"]["seed"]: res["summary"].get("held_out_acc_best") for res in results}
         columns.append(domain or folder.name)
+
+    def per_seed_average(table: Mapping[str, Mapping[int, Any]]) -> dict[int, float]:
+        # Over domains per seed first, so that the std is across seeds; seeds every domain ran.
+        seeds = set.intersection(*(set(table.get(c, {})) for c in columns)) if columns else set()
+        return {s: statistics.fmean(values) for s in sorted(seeds) if (values := _finite(table[c][s] for c in columns))}
+
+    averages = {label: per_seed_average(cells[label]) for label in cells}
+    reference = next(iter(references)) if len(references) == 1 else None
+    tests = {} if reference not in averages else holm_corrected(
+        {label: paired_difference(avg, averages[reference]) for label, avg in averages.items() if label != reference})
     body = []
     for label in cells:
-        per_domain = [mean_std(cells[label].get(c, []), scale=100, digits=1) for c in columns]
-        # The average over domains is taken per seed first, so its std is across seeds.
-        n_seeds = min(len(cells[label].get(c, [])) for c in columns)
-        avg_per_seed = [statistics.fmean(_finite(cells[label][c][s] for c in columns)) for s in range(n_seeds)]
-        best_per_seed = [statistics.fmean(_finite(best[label][c][s] for c in columns)) for s in range(n_seeds)]
-        body.append([label, *per_domain, mean_std(avg_per_seed, scale=100, digits=1),
-                     mean_std(best_per_seed, scale=100, digits=1)])
-    return _markdown(["row", *columns, "avg (final round)", "avg (best round)"], body)
+        per_domain = [mean_std(cells[label].get(c, {}).values(), scale=100, digits=1) for c in columns]
+        row = [label, *per_domain, mean_std(averages[label].values(), scale=100, digits=1),
+               mean_std(per_seed_average(best[label]).values(), scale=100, digits=1)]
+        body.append(row + ([tests[label].cell() if label in tests else "–"] if tests else []))
+    head = ["row", *columns, "avg (final round)", "avg (best round)"]
+    return _markdown(head + ([f"avg − {reference}, paired over seeds (Holm over the rows)"] if tests else []), body)
+
+
+def _compare_reference(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "compare.json").read_text()).get("reference")
+    except (OSError, ValueError):
+        return None
 
 
 def write_compare_tables(folder: Path, out: Path) -> list[Path]:

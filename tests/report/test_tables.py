@@ -297,3 +297,28 @@ def test_the_per_node_note_says_what_one_test_sample_is_worth() -> None:
     assert "hold 23–181 samples: one test sample is 0.55–4.3 points of" in per_node_test_note(
         {"a": [{"test_sizes": [181, 23]}], "b": [{"test_sizes": [0]}]})
     assert per_node_test_note({"a": [{"seed": 0}]}) is None
+
+
+def test_held_out_table_tests_each_rows_average_against_the_reference_with_holm(tmp_path: Path) -> None:
+    from scipy import stats
+
+    ref = [0.50, 0.60, 0.55, 0.40, 0.45]
+    di = [0.52, 0.63, 0.56, 0.44, 0.46]  # above the reference in every seed
+    ga = [0.49, 0.62, 0.50, 0.43, 0.44]  # mixed
+    folders = []
+    for name, shift in (("mnist", 0.0), ("usps", 0.1)):
+        accs = {"fedavg_global": [a + shift for a in ref], "di": [a + shift for a in di], "ga": [a + shift for a in ga]}
+        folder = _compare_folder(tmp_path, name, name, accs)
+        (folder / "compare.json").write_text(json.dumps({"rows": {k: [] for k in accs}, "reference": "fedavg_global"}))
+        folders.append(folder)
+    table = held_out_table(folders)
+    assert table.splitlines()[0].endswith("| avg − fedavg_global, paired over seeds (Holm over the rows) |")
+    p_di, p_ga = stats.ttest_rel(di, ref).pvalue, stats.ttest_rel(ga, ref).pvalue
+    assert p_di < p_ga
+    holm_di, holm_ga = min(1.0, 2 * p_di), max(min(1.0, 2 * p_di), p_ga)  # Holm over two tests, by hand
+    row = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
+    assert f"p={p_di:.2g} (Holm {holm_di:.2g})" in row["di"] and "+2.2 [" in row["di"], row["di"]
+    assert f"p={p_ga:.2g} (Holm {holm_ga:.2g}) level" in row["ga"], row["ga"]
+    assert row["fedavg_global"].endswith("| – |")
+    # no reference named: no paired column
+    assert "paired" not in held_out_table([_compare_folder(tmp_path, "x", "uci", {"di": [0.5, 0.6]})])
