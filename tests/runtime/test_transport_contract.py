@@ -231,9 +231,9 @@ def test_nodes_of_one_process_poll_statuses_a_bounded_number_at_a_time(monkeypat
     """Every carrier on one event loop (a worker's nodes) shares one gate for status polls."""
     import types
 
-    from p2pfl.runtime.transport import base
+    from p2pfl.runtime.transport import presence
 
-    monkeypatch.setattr(base, "STATUS_POLLS_PER_PROCESS", 3)
+    monkeypatch.setattr(presence, "STATUS_POLLS_PER_PROCESS", 3)
     in_flight, most = 0, 0
 
     async def status_of(peer: str, timeout: float = 2.0) -> dict:
@@ -247,7 +247,7 @@ def test_nodes_of_one_process_poll_statuses_a_bounded_number_at_a_time(monkeypat
     nodes = [types.SimpleNamespace(status_of=status_of) for _ in range(4)]
 
     async def everyone() -> list:
-        return await asyncio.gather(*(base.Carrier._statuses(n, [f"p{i}" for i in range(8)], 1.0) for n in nodes))
+        return await asyncio.gather(*(presence.PeerPresence._statuses(n, [f"p{i}" for i in range(8)], 1.0) for n in nodes))
 
     answers = asyncio.run(everyone())
     assert all(a == [{"id": f"p{i}"} for i in range(8)] for a in answers)
