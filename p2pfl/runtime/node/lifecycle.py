@@ -26,7 +26,7 @@ from p2pfl.runtime.node.intake import Intake
 from p2pfl.runtime.node.membership import Membership
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
-from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, Stage, isolated, rounds_alone
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, Stage, end_status, rounds_alone
 from p2pfl.runtime.node.round import Round, RoundKit
 from p2pfl.runtime.node.scoring import Scorer
 from p2pfl.runtime.node.state import NodeState
@@ -234,7 +234,7 @@ class Node:
                 goodbye = f"privacy budget exhausted before round {self.ctx.round + 1}"
             elif status == "left":
                 goodbye = f"left before round {self.membership.events[-1]['round']}"
-            status = self._end_status(status)
+            status = end_status(status, self.state.rounds, self.log)
         except CheckpointError as exc:  # --resume with no usable checkpoint: the reason, no traceback
             status, error, resume_failed = "failed", str(exc), True
             goodbye = f"cannot resume: {exc}"
@@ -273,19 +273,6 @@ class Node:
             # process may still be in their last round.
             await asyncio.to_thread(self.write_checkpoint)
         return result
-
-    def _end_status(self, status: str) -> str:
-        if status == "ok" and isolated(self.state.rounds):
-            self.log.warning("ended isolated: asked for peers in %d rounds and took in no peer's part (none "
-                             "answered, or each part that came was refused: see the result's `rejected`)",
-                             sum(1 for x in self.state.rounds if x.get("asked")))
-            return "isolated"
-        if status == "ok" and rounds_alone(self.state.rounds):
-            self.log.warning("rounds %s: asked for peers and received nothing (peers refused or unreachable: "
-                             "a flood of connections, a network down); the run went on with its own model",
-                             rounds_alone(self.state.rounds))
-            return "degraded"
-        return status
 
     def _checkpoints_after(self, r: int, participated: bool) -> bool:
         """Whether round `r` ends with a checkpoint: a round taken part in whose number is a

@@ -5,6 +5,7 @@ the same type with the training and exchange fields at their empty values."""
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -113,3 +114,17 @@ def isolated(rounds: Sequence[Mapping[str, Any]]) -> bool:
     """The strategy asked for peers and, over the whole run, no peer's part arrived (none answered,
     or every part that came was refused)."""
     return any(x.get("asked") for x in rounds) and not any(x.get("arrived") for x in rounds)
+
+
+def end_status(status: str, rounds: Sequence[Mapping[str, Any]], log: logging.Logger) -> str:
+    """A run that ended "ok" but learned from no peer at all is "isolated", one with rounds in
+    which nothing arrived "degraded"; either says so once in the node's log."""
+    if status == "ok" and isolated(rounds):
+        log.warning("ended isolated: asked for peers in %d rounds and took in no peer's part (none answered, or "
+                    "each part that came was refused: see the result's `rejected`)", sum(1 for x in rounds if x.get("asked")))
+        return "isolated"
+    if status == "ok" and rounds_alone(rounds):
+        log.warning("rounds %s: asked for peers and received nothing (peers refused or unreachable: a flood of "
+                    "connections, a network down); the run went on with its own model", rounds_alone(rounds))
+        return "degraded"
+    return status
