@@ -300,8 +300,15 @@ def poisoning_table(folders: Sequence[Path]) -> str:
     spec = _attack_of(next(iter(attacked.values()))[0])
     assert spec is not None
     attackers = set(spec["nodes"])
-    head = ["row", "attack", "honest acc, no attack", "honest acc, attacked", "change (pts)",
+    head = ["row", "attack", "honest acc, no attack", "honest acc, attacked",
+            "change (pts), paired over seeds (Holm over the rows)",
             "stopped taking the attacker from round", "bound", "honest nodes taking it in the last round", "seeds"]
+
+    def by_seed(runs: Sequence[Mapping[str, Any]]) -> dict[int, Any]:
+        return {int(r["scenario"]["seed"]): _honest_acc(r, attackers) for r in runs}
+
+    changes = holm_corrected({label: paired_difference(by_seed(runs), by_seed(clean.get(label, [])))
+                              for label, runs in attacked.items()})
     rows = []
     for label, runs in attacked.items():
         base = [_honest_acc(r, attackers) for r in clean.get(label, [])]
@@ -312,12 +319,9 @@ def poisoning_table(folders: Sequence[Path]) -> str:
         if scenario["algorithm"]["name"] == "pfedsv":
             k = scenario["algorithm"]["params"].get("k", 5)
             bound = str(-(-(scenario["nodes"] - len(attackers) - 1) // k) + 1)
-        change = "-"
-        if _finite(base) and _finite(hit):
-            change = f"{100 * (statistics.fmean(_finite(hit)) - statistics.fmean(_finite(base))):+.1f}"
         rows.append([
             label, f"{spec['kind']} x{spec.get('scale', 1.0):g}, nodes {sorted(attackers)}",
-            mean_std(base, 100, 1), mean_std(hit, 100, 1), change,
+            mean_std(base, 100, 1), mean_std(hit, 100, 1), changes[label].cell(),
             f"{statistics.fmean(s[0] for s in stops):.1f} (max {max(s[0] for s in stops)})", bound,
             mean_std([s[1] for s in stops], 100, 0) + " %", str(len(runs)),
         ])

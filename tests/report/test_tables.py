@@ -322,3 +322,30 @@ def test_held_out_table_tests_each_rows_average_against_the_reference_with_holm(
     assert row["fedavg_global"].endswith("| – |")
     # no reference named: no paired column
     assert "paired" not in held_out_table([_compare_folder(tmp_path, "x", "uci", {"di": [0.5, 0.6]})])
+
+
+def test_the_poisoning_table_pairs_each_attacked_seed_with_its_clean_run_and_corrects_over_rows(tmp_path: Path) -> None:
+    from scipy import stats
+
+    from p2pfl.report.tables import poisoning_table
+
+    clean = {"pfedsv": [0.90, 0.80, 0.85, 0.95, 0.90], "fedavg": [0.90, 0.80, 0.85, 0.95, 0.90]}
+    hit = {"pfedsv": [0.89, 0.81, 0.84, 0.95, 0.90], "fedavg": [0.80, 0.71, 0.74, 0.86, 0.79]}
+    folders = []
+    for name, accs, attack in (("clean", clean, "none"), ("noise", hit, "noise")):
+        folder = _poison_compare(tmp_path / name, {k: [[0.0, a, a] for a in v] for k, v in accs.items()}, attack)
+        for label in accs:  # what poisoning_table reads of the scenario besides the attack
+            for run in (folder / label).iterdir():
+                results = json.loads((run / "results.json").read_text())
+                results["scenario"].update(nodes=3, algorithm={"name": label, "params": {"k": 1}})
+                (run / "results.json").write_text(json.dumps(results))
+        folders.append(folder)
+    rows = {line.split(" | ")[0].lstrip("| "): [c.strip() for c in line.strip("|").split("|")]
+            for line in poisoning_table(folders).splitlines()[2:]}
+    p_fedavg = stats.ttest_rel(hit["fedavg"], clean["fedavg"]).pvalue
+    p_pfedsv = stats.ttest_rel(hit["pfedsv"], clean["pfedsv"]).pvalue
+    assert p_fedavg < 0.01 < p_pfedsv
+    # Holm over the two rows, by hand: the smaller p doubled, the larger kept (not below it).
+    assert rows["fedavg"][4].startswith("-10.0 [") and f"(Holm {2 * p_fedavg:.2g}) lower" in rows["fedavg"][4]
+    assert f"(Holm {max(p_pfedsv, 2 * p_fedavg):.2g}) level" in rows["pfedsv"][4]
+    assert rows["pfedsv"][6] == "2"  # the bound: ceil((3 - 1 - 1) / 1) + 1
