@@ -30,7 +30,7 @@ from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, active_defences, degr
                                     refusal_warning, refused_peers)
 from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
                                    scenario_from_dict)
-from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED
+from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED, final_accuracies, participated
 
 
 MAX_NODE_COLUMNS = 12
@@ -148,7 +148,14 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     mean_by_round = {r: statistics.fmean(v) for r, v in per_round.items()}
     agg_by_round = {r: statistics.fmean(v) for r, v in per_round_agg.items()}
     last = [n["rounds"][-1] for n in nodes if n.get("rounds")]
-    val = [r.get("val_acc") for r in last]
+    trained = [next((r for r in reversed(n["rounds"]) if participated(r)), n["rounds"][-1])
+               for n in nodes if n.get("rounds")]
+    val = [r.get("val_acc") for r in trained]
+    # From the rounds, so that runs stored before a node's final accuracy after training came from
+    # the last round it trained in (under partial participation) are tabulated as today's.
+    node_acc = [final_accuracies(n["rounds"])[0] if n.get("rounds") and n.get("final_test_acc") is not None
+                else n.get("final_test_acc") for n in nodes]
+    finished = [a for a in node_acc if a is not None and a == a]
     gaining = [r for r in last if "safeguard_kept_own" in r]
     labels = [n.get("domain") or n["id"] for n in nodes]
     if len(set(labels)) != len(labels):  # several nodes per domain: "3 usps"
@@ -156,9 +163,9 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "seed": seed,
         "node_labels": labels,
-        "node_acc": [n.get("final_test_acc") for n in nodes],
+        "node_acc": node_acc,
         "node_acc_aggregated": [n.get("final_test_acc_aggregated") for n in nodes],
-        "final": results["summary"]["mean_acc"],
+        "final": statistics.fmean(finished) if finished else results["summary"]["mean_acc"],
         "best": max(mean_by_round.values()) if mean_by_round else None,
         "final_aggregated": results["summary"].get("mean_acc_aggregated"),
         "best_aggregated": max(agg_by_round.values()) if agg_by_round else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from p2pfl.assembly import node_seed
+from p2pfl.runtime.node.records import final_accuracies
 from p2pfl.runtime.participation import rounds_taking_part, version_to_ask
 
 from .helpers import build_in_process, run_in_process, write_tiny
@@ -57,6 +58,9 @@ def test_sitting_out_neighbours_are_asked_for_their_last_version_and_never_waite
             if not after["participated"]:
                 assert after["test_acc"] == before["test_acc_aggregated"]
         assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4, 5]  # every round recorded, taken part in or sat out
+        last_trained = [r for r in result["rounds"] if r["participated"]][-1]
+        assert result["final_test_acc"] == last_trained["test_acc"], result["id"]
+        assert result["final_test_acc_aggregated"] == result["rounds"][-1]["test_acc_aggregated"], result["id"]
 
 
 def test_a_node_that_sits_rounds_out_scores_its_model_once_before_the_first_round(tmp_path: Path, monkeypatch) -> None:
@@ -89,3 +93,37 @@ def test_a_node_that_sits_rounds_out_scores_its_model_once_before_the_first_roun
         node.model.load_state_dict(built[node.config.id])
         test_acc, test_loss = node.parts.trainer.evaluate(node.model, node.parts.data.test)
         assert all(x["test_acc"] == test_acc and x["test_loss"] == test_loss for x in waited)
+
+
+def _record(r: int, took_part: bool, after_training: float, aggregated: float) -> dict:
+    return {"round": r, "participated": took_part, "test_acc": after_training, "test_acc_aggregated": aggregated,
+            "val_acc": after_training, "val_acc_aggregated": aggregated}
+
+
+def test_a_nodes_accuracy_after_training_is_that_of_the_last_round_it_trained_in() -> None:
+    """FedAvg+FT under 10 % participation: a node trains in round 94 (0.76 after its local epochs,
+    0.05 for the aggregate it then holds) and sits rounds 95-100 out, holding that aggregate. Its
+    accuracy after training is 0.76, not the aggregate's 0.05 a sat-out round measures."""
+    rounds = [_record(94, True, 0.76, 0.05)] + [_record(r, False, 0.05, 0.05) for r in range(95, 101)]
+    assert final_accuracies(rounds) == (0.76, 0.05)
+    assert final_accuracies([_record(1, True, 0.5, 0.6), _record(2, True, 0.7, 0.8)]) == (0.7, 0.8)
+    assert final_accuracies([_record(1, False, 0.1, 0.1)]) == (0.1, 0.1)  # never trained: the model as built
+    assert final_accuracies([]) == (None, None)
+
+
+def test_compare_tabulates_a_stored_run_from_its_rounds() -> None:
+    """A run stored before this definition kept the last round's number as its accuracy after
+    training; `compare --reuse` tabulates it as a run made today would be."""
+    from p2pfl.scenario.compare import summarize_run
+
+    sat_out_last = [_record(1, True, 0.76, 0.05), _record(2, False, 0.05, 0.05)]
+    trained_last = [_record(1, False, 0.3, 0.3), _record(2, True, 0.9, 0.8)]
+    results = {"scenario": {"seed": 0}, "nodes": [
+        {"id": "node-0", "rounds": sat_out_last, "final_test_acc": 0.05, "final_test_acc_aggregated": 0.05},
+        {"id": "node-1", "rounds": trained_last, "final_test_acc": 0.9, "final_test_acc_aggregated": 0.8},
+        {"id": "node-2", "rounds": [], "final_test_acc": None, "status": "failed"}],
+        "summary": {"mean_acc": 0.475, "total_bytes": 0, "wall_s": 1.0}}
+    summary = summarize_run(results)
+    assert summary["node_acc"] == [0.76, 0.9, None]
+    assert summary["final"] == (0.76 + 0.9) / 2
+    assert summary["val"] == (0.76 + 0.9) / 2  # what a sweep chooses on: after training, too

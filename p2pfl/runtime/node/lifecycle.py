@@ -26,7 +26,7 @@ from p2pfl.runtime.node.intake import Intake
 from p2pfl.runtime.node.membership import Membership
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
-from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, Stage, end_status, rounds_alone
+from p2pfl.runtime.node.records import Stage, end_status, final_accuracies, rounds_alone
 from p2pfl.runtime.node.round import Round, RoundKit
 from p2pfl.runtime.node.scoring import Scorer
 from p2pfl.runtime.node.state import NodeState
@@ -289,12 +289,13 @@ class Node:
     def result(self, status: str, error: str | None, wall_s: float) -> dict[str, Any]:
         rounds, data, transport = self.state.rounds, self.parts.data, self.parts.transport
         last = rounds[-1] if rounds else {}
+        after_training, aggregated = final_accuracies(rounds)
         return {
             "id": self.config.id, "index": self.config.index, "status": status, "error": error,
             "domain": data.domain, "device": str(self.parts.device), "pid": os.getpid(),
             "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test),
             "rounds": rounds, "setup": self.state.setup_record,
-            "final_test_acc": last.get(TEST_ACC), "final_test_acc_aggregated": last.get(TEST_ACC_AGGREGATED),
+            "final_test_acc": after_training, "final_test_acc_aggregated": aggregated,
             "final_epsilon": last.get("epsilon"), "rounds_alone": rounds_alone(rounds),
             "restarts": self.state.restarts, "membership": self.membership.events,
             "totals": self.parts.counter.totals(),

@@ -103,6 +103,17 @@ def participated(record: Mapping[str, Any]) -> bool:
     return bool(record.get(PARTICIPATED, True))
 
 
+def final_accuracies(rounds: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """A node's test accuracy at the end of a run: after local training, and after aggregation.
+    After training is that of the last round the node took part in: in a round it sits out it
+    trains nothing, and the model it holds is its last aggregate, which the second number measures.
+    Under full participation both come from the last round."""
+    if not rounds:
+        return None, None
+    trained = next((x for x in reversed(rounds) if participated(x)), rounds[-1])
+    return trained.get(TEST_ACC), rounds[-1].get(TEST_ACC_AGGREGATED)
+
+
 def rounds_alone(rounds: Sequence[Mapping[str, Any]]) -> list[int]:
     """Rounds in which the node asked for peers that had not said goodbye and received nothing:
     it learned from no one there, which a run's status must not call ok."""
