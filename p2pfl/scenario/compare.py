@@ -327,9 +327,9 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
         cells.append(str(len(runs)))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round; "
-                 "*best round*: the round with the highest mean, picked on the test split (optimistic); "
-                 "*aggregated*: the model right after aggregation."
+    lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round each node trained in (the last round, unless it "
+                 "sat that out); *best round*: the round with the highest mean, picked on the test split (optimistic); "
+                 "*aggregated*: the model a node ends with, right after its last aggregation."
                  + (f" *worst vs {baseline_name}*: per seed, the minimum over nodes of the node's accuracy minus the same "
                     f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds; *aggregated*: the "
                     f"same with each node's model right after aggregation." if show_worst else "")
