@@ -14,7 +14,7 @@ import numpy as np
 from p2pfl.report.style import protocol_panels, round_axis, save_figure, series_style
 from p2pfl.report.tables import LevelOutcome, held_out_table, poisoning_table, safeguard_levels, write_compare_tables
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs
-from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, accuracies
 
 
 def report_compare(folder: Path) -> list[Path]:
@@ -142,9 +142,9 @@ def _compare_curves(runs_by_row: Mapping[str, list[dict[str, Any]]], out: Path) 
             for res in runs:
                 by_round: dict[int, list[float]] = defaultdict(list)
                 for n in res["nodes"]:
-                    for r in n["rounds"]:
-                        if r.get(key) is not None:
-                            by_round[r["round"]].append(r[key])
+                    for r, value in zip(n["rounds"], accuracies(n["rounds"], key)):
+                        if value is not None:
+                            by_round[r["round"]].append(value)
                 for r, v in by_round.items():
                     per_round[r].append(float(np.mean(v)))
             if not per_round:

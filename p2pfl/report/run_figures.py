@@ -17,13 +17,14 @@ from p2pfl.report.style import (MAX_NODE_SERIES, PHASE_COLOURS, label_overlap, n
                                 protocol_panels, round_axis, save_figure)
 from p2pfl.runtime.run_folder import load_artefacts
 from p2pfl.runtime.timing import PHASES, compute_fraction
-from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, accuracies
 
 
 def plot_accuracy(results: Mapping[str, Any], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, key in zip(axes, (TEST_ACC, TEST_ACC_AGGREGATED)):
-        plot_nodes(ax, [(node_label(results, n), [(r["round"], r[key]) for r in n["rounds"]]) for n in results["nodes"]])
+        plot_nodes(ax, [(node_label(results, n), list(zip((r["round"] for r in n["rounds"]), accuracies(n["rounds"], key))))
+                        for n in results["nodes"]])
     protocol_panels(axes, "accuracy", prefix="test accuracy ")
     fig.suptitle(f"{results['scenario']['name']}: {results['algorithm']}")
     return save_figure(fig, out / "accuracy.png")

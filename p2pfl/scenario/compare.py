@@ -30,7 +30,7 @@ from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, active_defences, degr
                                     refusal_warning, refused_peers)
 from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
                                    scenario_from_dict)
-from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED, final_accuracies, participated
+from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED, after_training, final_accuracies, participated
 
 
 MAX_NODE_COLUMNS = 12
@@ -142,8 +142,8 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     per_round: dict[int, list[float]] = {}
     per_round_agg: dict[int, list[float]] = {}
     for n in nodes:
-        for r in n.get("rounds", []):
-            per_round.setdefault(r["round"], []).append(r["test_acc"])
+        for r, acc in zip(n.get("rounds", []), after_training(n.get("rounds", []))):
+            per_round.setdefault(r["round"], []).append(acc)
             per_round_agg.setdefault(r["round"], []).append(r[TEST_ACC_AGGREGATED])
     mean_by_round = {r: statistics.fmean(v) for r, v in per_round.items()}
     agg_by_round = {r: statistics.fmean(v) for r, v in per_round_agg.items()}
@@ -327,8 +327,8 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
         cells.append(str(len(runs)))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round each node trained in (the last round, unless it "
-                 "sat that out); *best round*: the round with the highest mean, picked on the test split (optimistic); "
+    lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round each "
+                 "node trained in (the last round, unless it sat that out); *best round*: the round with the highest mean, picked on the test split (optimistic); "
                  "*aggregated*: the model a node ends with, right after its last aggregation."
                  + (f" *worst vs {baseline_name}*: per seed, the minimum over nodes of the node's accuracy minus the same "
                     f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds; *aggregated*: the "

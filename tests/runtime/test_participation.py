@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from p2pfl.assembly import node_seed
-from p2pfl.runtime.node.records import final_accuracies
+from p2pfl.runtime.node.records import after_training, final_accuracies
 from p2pfl.runtime.participation import rounds_taking_part, version_to_ask
 
 from .helpers import build_in_process, run_in_process, write_tiny
@@ -109,6 +109,9 @@ def test_a_nodes_accuracy_after_training_is_that_of_the_last_round_it_trained_in
     assert final_accuracies([_record(1, True, 0.5, 0.6), _record(2, True, 0.7, 0.8)]) == (0.7, 0.8)
     assert final_accuracies([_record(1, False, 0.1, 0.1)]) == (0.1, 0.1)  # never trained: the model as built
     assert final_accuracies([]) == (None, None)
+    schedule = [_record(1, False, 0.1, 0.1), _record(2, True, 0.6, 0.7), _record(3, False, 0.7, 0.7),
+                _record(4, True, 0.8, 0.9), _record(5, False, 0.9, 0.9)]
+    assert after_training(schedule) == [0.1, 0.6, 0.6, 0.8, 0.8]  # the model as built, then the latest training
 
 
 def test_compare_tabulates_a_stored_run_from_its_rounds() -> None:
@@ -127,3 +130,4 @@ def test_compare_tabulates_a_stored_run_from_its_rounds() -> None:
     assert summary["node_acc"] == [0.76, 0.9, None]
     assert summary["final"] == (0.76 + 0.9) / 2
     assert summary["val"] == (0.76 + 0.9) / 2  # what a sweep chooses on: after training, too
+    assert summary["best"] == (0.76 + 0.9) / 2  # round 2, node-0 still at its round-1 training

@@ -103,15 +103,33 @@ def participated(record: Mapping[str, Any]) -> bool:
     return bool(record.get(PARTICIPATED, True))
 
 
+def after_training(rounds: Sequence[Mapping[str, Any]]) -> list[float | None]:
+    """Each round's test accuracy after the node's latest local training. A round the node sits
+    out trains nothing and measures the model it holds (its last aggregate, `test_acc` of that
+    record); after training, it is still at the last round it trained in. Before its first
+    training, the model as built."""
+    latest: float | None = None
+    trained_yet = False
+    out: list[float | None] = []
+    for x in rounds:
+        if participated(x) or not trained_yet:
+            latest, trained_yet = x.get(TEST_ACC), trained_yet or participated(x)
+        out.append(latest)
+    return out
+
+
+def accuracies(rounds: Sequence[Mapping[str, Any]], key: str) -> list[float | None]:
+    """Each round's `test_acc` (read as `after_training`) or `test_acc_aggregated`, for tables and curves."""
+    return after_training(rounds) if key == TEST_ACC else [x.get(key) for x in rounds]
+
+
 def final_accuracies(rounds: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
-    """A node's test accuracy at the end of a run: after local training, and after aggregation.
-    After training is that of the last round the node took part in: in a round it sits out it
-    trains nothing, and the model it holds is its last aggregate, which the second number measures.
-    Under full participation both come from the last round."""
+    """A node's test accuracy at the end of a run: after its latest local training (under partial
+    participation, that of the last round it trained in), and of the model it ends with (right
+    after its last aggregation). Under full participation both come from the last round."""
     if not rounds:
         return None, None
-    trained = next((x for x in reversed(rounds) if participated(x)), rounds[-1])
-    return trained.get(TEST_ACC), rounds[-1].get(TEST_ACC_AGGREGATED)
+    return after_training(rounds)[-1], rounds[-1].get(TEST_ACC_AGGREGATED)
 
 
 def rounds_alone(rounds: Sequence[Mapping[str, Any]]) -> list[int]:
