@@ -30,7 +30,7 @@ from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, active_defences, degr
                                     refusal_warning, refused_peers)
 from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
                                    scenario_from_dict)
-from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED, after_training, final_accuracies, participated
+from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED, after_training, final_accuracies, last_trained
 
 
 MAX_NODE_COLUMNS = 12
@@ -148,9 +148,7 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
     mean_by_round = {r: statistics.fmean(v) for r, v in per_round.items()}
     agg_by_round = {r: statistics.fmean(v) for r, v in per_round_agg.items()}
     last = [n["rounds"][-1] for n in nodes if n.get("rounds")]
-    trained = [next((r for r in reversed(n["rounds"]) if participated(r)), n["rounds"][-1])
-               for n in nodes if n.get("rounds")]
-    val = [r.get("val_acc") for r in trained]
+    val = [last_trained(n["rounds"]).get("val_acc") for n in nodes if n.get("rounds")]
     # From the rounds, so that runs stored before a node's final accuracy after training came from
     # the last round it trained in (under partial participation) are tabulated as today's.
     node_acc = [final_accuracies(n["rounds"])[0] if n.get("rounds") and n.get("final_test_acc") is not None
@@ -328,8 +326,9 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Test accuracy in percent, mean (std) over seeds, of the mean over nodes after the last round each "
-                 "node trained in (the last round, unless it sat that out); *best round*: the round with the highest mean, picked on the test split (optimistic); "
-                 "*aggregated*: the model a node ends with, right after its last aggregation."
+                 "node trained in (the last round, unless it sat that out); *best round*: the round with the highest "
+                 "mean, picked on the test split (optimistic); *aggregated*: the model a node ends with, right after "
+                 "its last aggregation."
                  + (f" *worst vs {baseline_name}*: per seed, the minimum over nodes of the node's accuracy minus the same "
                     f"node's `{baseline}` accuracy (same seed), in points, mean (std) over seeds; *aggregated*: the "
                     f"same with each node's model right after aggregation." if show_worst else "")

@@ -129,7 +129,13 @@ def final_accuracies(rounds: Sequence[Mapping[str, Any]]) -> tuple[float | None,
     after its last aggregation). Under full participation both come from the last round."""
     if not rounds:
         return None, None
-    return after_training(rounds)[-1], rounds[-1].get(TEST_ACC_AGGREGATED)
+    return last_trained(rounds).get(TEST_ACC), rounds[-1].get(TEST_ACC_AGGREGATED)
+
+
+def last_trained(rounds: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The record of the last round the node trained in; the last record if it never trained
+    (every such round measured the model as built)."""
+    return next((x for x in reversed(rounds) if participated(x)), rounds[-1])
 
 
 def rounds_alone(rounds: Sequence[Mapping[str, Any]]) -> list[int]:
