@@ -34,7 +34,7 @@ from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts
 from p2pfl.runtime.timing import PHASES
 from p2pfl.scenario.results import format_summary
 from p2pfl.scenario.trust import run_trust, trust_places
-from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, accuracies
 
 # Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
 # relevance and Shapley values (own node included), FedFomo's affinity and weights.
@@ -213,14 +213,16 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         status = str(result.get("status")) if result else ("running" if rounds else "starting")
         error = result.get("error") if result else None
         raw.append({"id": nid, "rounds": rounds})
+        # A sat-out round's own `test_acc` is the held aggregate; the curve shows the latest training.
+        trained = accuracies(rounds, TEST_ACC)
         records = [{
-            "round": r["round"], "test_acc": _finite(r.get("test_acc")),
+            "round": r["round"], "test_acc": _finite(acc),
             TEST_ACC_AGGREGATED: _finite(r.get(TEST_ACC_AGGREGATED)),
             "train_loss": _finite(r.get("train_loss")), "test_loss": _finite(r.get("test_loss")),
             "mib_received": (_finite(r.get("bytes_received")) or 0.0) / 2**20,
             "epsilon": _finite(r.get("epsilon")),
             "started_at": _finite(r.get("started_at")), "time": _phase_times(r),
-        } for r in rounds]
+        } for r, acc in zip(rounds, trained)]
         nodes.append({
             "id": nid, "status": status, "round": rounds[-1]["round"] if rounds else 0,
             "error": str(error) if error else None, "last": records[-1] if records else None,
@@ -305,7 +307,7 @@ def _compare_rows(folder: Path) -> dict[str, list[Path]]:
 
 
 def _run_curve(run_dir: Path, key: str) -> dict[int, float]:
-    """Round -> mean over a run's nodes of `key`."""
+    """Round -> mean over a run's nodes of `key` (`test_acc` read as after the latest training)."""
     folder = RunFolder(run_dir)
     try:
         ids = node_ids(json.loads(folder.scenario.read_text())["nodes"])
@@ -313,8 +315,9 @@ def _run_curve(run_dir: Path, key: str) -> dict[int, float]:
         return {}
     per_round: dict[int, list[float]] = {}
     for nid in ids:
-        for record in _rounds(folder.node_rounds(nid)):
-            value = _finite(record.get(key))
+        rounds = _rounds(folder.node_rounds(nid))
+        for record, raw in zip(rounds, accuracies(rounds, key)):
+            value = _finite(raw)
             if value is not None:
                 per_round.setdefault(record["round"], []).append(value)
     return {r: statistics.fmean(v) for r, v in sorted(per_round.items())}

@@ -159,6 +159,25 @@ def test_a_compare_folder_shows_its_table_and_per_row_curves_while_it_runs_and_a
     assert (last["min"], last["max"], last["n"]) == (pytest.approx(0.8), pytest.approx(0.9), 2)
 
 
+def test_a_sat_out_round_shows_the_latest_training_not_the_held_aggregate(tmp_path: Path) -> None:
+    # Under partial participation a node that sits a round out records the model it holds (its
+    # last aggregate) as test_acc; after training it is still where its last trained round left it.
+    run = RunFolder(tmp_path / "fedavg" / "seed0")
+    run.root.mkdir(parents=True)
+    run.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 3, "algorithm": {"name": "fedavg"}}))
+    run.append_round("node-0", {"round": 1, "participated": False, "test_acc": 0.1})  # the model as built
+    run.append_round("node-0", {"round": 2, "participated": True, "test_acc": 0.9, "test_acc_aggregated": 0.3})
+    run.append_round("node-0", {"round": 3, "participated": False, "test_acc": 0.2,
+                                "test_acc_aggregated": 0.2})
+    for r in (1, 2, 3):
+        run.append_round("node-1", {"round": r, "participated": True, "test_acc": 0.5})
+    node0 = dashboard_state(run.root)["nodes"][0]
+    assert [r["test_acc"] for r in node0["rounds"]] == [0.1, 0.9, 0.9]
+    assert [r["test_acc_aggregated"] for r in node0["rounds"]] == [None, 0.3, 0.2]  # the aggregated curve as recorded
+    curve = folder_state(tmp_path)["curves"]["fedavg"]
+    assert [c["mean"] for c in curve] == pytest.approx([0.3, 0.7, 0.7])
+
+
 def test_without_plotly_the_dashboard_names_the_extra_before_any_run(monkeypatch: pytest.MonkeyPatch) -> None:
     import p2pfl.report.dashboard as dashboard
 
