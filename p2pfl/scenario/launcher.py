@@ -323,7 +323,7 @@ def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_
     write_results(scenario, out, dict.fromkeys(ids, STOPPED), wall_s, ground_truth)
 
 
-LAN_SCENARIO = "scenario.toml"  # the scenario's copy in a `p2pfl lan` folder
+LAN_SCENARIO = "scenario"  # the scenario's copy in a `p2pfl lan` folder, with the source's suffix
 
 
 def deployed_defences(raw: Mapping[str, Any]) -> list[str]:
@@ -375,10 +375,12 @@ def write_lan_configs(scenario_path: Path, addresses: Sequence[str], out: Path,
     write_roster(out / ROSTER_FILE, {nid: infos[nid] for nid in ids}, infos.get(COORDINATOR_ID))
     # The folder is what an operator copies to every host: the scenario goes in it, so that no
     # config points outside (a relative path out of it breaks on the hosts).
-    local_scenario = out / LAN_SCENARIO
+    # A resolved run-folder scenario (.json, what benchmarks/links.py deploys) stays JSON: it is
+    # read by its suffix, so a TOML name would make every node refuse it.
+    scenario_rel = LAN_SCENARIO + (".json" if Path(scenario_path).suffix == ".json" else ".toml")
+    local_scenario = out / scenario_rel
     if Path(scenario_path).resolve() != local_scenario.resolve():
         shutil.copyfile(scenario_path, local_scenario)
-    scenario_rel = LAN_SCENARIO
     paths = []
     for nid in hostports:
         path = out / f"{nid}.toml"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.scenario.compare import parse_algorithms
 from p2pfl.runtime.config import load_node_config
 from p2pfl.scenario.launcher import write_lan_configs
+from p2pfl.scenario.schema import load_scenario, read_raw
 from p2pfl.wire import NodeKey
 
 from .helpers import write_tiny
@@ -33,6 +35,18 @@ def test_lan_configs_load_and_point_at_each_other(tmp_path):
     moved = tmp_path / "elsewhere"
     (tmp_path / "lan").rename(moved)
     assert [load_node_config(moved / p.name).scenario.resolve() for p in paths] == [(moved / "scenario.toml").resolve()] * 3
+
+
+def test_a_run_folders_json_scenario_deploys_as_json(tmp_path):
+    # benchmarks/links.py deploys a run folder's resolved scenario.json; copied in under a TOML
+    # name, every node refused it ("not valid TOML") and the benchmark found no result.
+    resolved = tmp_path / "run" / "scenario.json"
+    resolved.parent.mkdir()
+    resolved.write_text(json.dumps(read_raw(write_tiny(tmp_path, nodes=2)), indent=1))
+    paths = write_lan_configs(resolved, ["10.0.0.1:9000", "10.0.0.2:9000"], tmp_path / "lan")
+    configs = [load_node_config(p) for p in paths]
+    assert load_scenario(configs[0].scenario).nodes == 2
+    assert {c.scenario.name for c in configs} == {"scenario.json"}
 
 
 def test_lan_configs_reject_wrong_host_count(tmp_path):
