@@ -102,7 +102,7 @@ class Coordinator:
     def build_half(self) -> CoordinatorHalf:
         sc = self.scenario
         env = CoordinatorEnv(model=self.model, rounds=sc.rounds, seed=sc.seed, num_classes=self.partition.num_classes,
-                             nodes=tuple(sorted(self.config.peers)))
+                             nodes=tuple(sorted(self.config.peers)), device=self.device)
         return build_coordinator_half(sc.algorithm.name, sc.algorithm.params, env)
 
     def _declared(self, kind: str, what: str) -> Any:

@@ -264,13 +264,15 @@ class Reply:
 
 @dataclass(frozen=True)
 class CoordinatorEnv:
-    """What a coordinator half may know of the run: the nodes' model (same initialisation), sizes, seed."""
+    """What a coordinator half may know of the run: the nodes' model (same initialisation), sizes, seed,
+    and the device the coordinator computes on (the scenario's `device`, as node 0 gets it)."""
 
     model: SplitModel
     rounds: int
     seed: int
     num_classes: int
     nodes: tuple[str, ...]
+    device: torch.device = torch.device("cpu")
 
 
 class CoordinatorHalf:

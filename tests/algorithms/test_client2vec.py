@@ -158,6 +158,25 @@ def test_the_coordinator_half_trains_on_finite_batches_and_drops_the_rest() -> N
         half.setup([bad])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_coordinator_trains_dsa_ign_on_its_device_and_answers_with_host_tensors() -> None:
+    from p2pfl.algorithms.client2vec import Client2VecHalf
+    from p2pfl.runtime.strategy import CoordinatorEnv, Submission
+
+    g = torch.Generator().manual_seed(0)
+    batch = Submission("a", {"d": torch.randn(128, 16, generator=g), "l": torch.randn(128, 16, generator=g)}, {"n_train": 200})
+    states = {}
+    for device in ("cpu", "cuda"):
+        env = CoordinatorEnv(model=cnn(1, 8, CLASSES), rounds=1, seed=0, num_classes=CLASSES, nodes=("a",),
+                             device=torch.device(device))
+        half = Client2VecHalf(env, embed_dim=16, d_model=8, heads=2, layers=1, ff_dim=16, dropout=0.0, index_epochs=3)
+        states[device] = half.setup([batch]).parts["setup.dsa_ign"]
+    assert all(v.device.type == "cpu" for v in states["cuda"].values())
+    # Same initialisation and batch order: the two devices differ only by floating-point rounding.
+    for k, v in states["cpu"].items():
+        torch.testing.assert_close(states["cuda"][k], v, rtol=1e-3, atol=1e-4)
+
+
 def test_the_fedavg_row_builds_no_index_and_needs_no_coordinator() -> None:
     off = {"sampling": False, "aggregation": False, "local": False}
     assert not needs_coordinator("client2vec", off)
