@@ -395,6 +395,11 @@ def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
                         + [(k.split("."), v) for k, v in row.overrides.items()])
 
 
+# How many processes host the nodes: it changes a run's wall, not what its nodes compute, so a
+# run made on a machine with more cores is reused (its results.json keeps the value it had).
+HOSTING_ONLY = frozenset({"runtime.workers"})
+
+
 def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any] | None:
     """The results.json `--reuse` takes for one run, or None where there is none or where a node
     of it failed (a run cut short runs again); a run of another scenario, or made on other data,
@@ -410,7 +415,7 @@ def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any]
         print(f"{label}: {run_dir} has failed nodes ({', '.join(failed[:3])}{', …' if len(failed) > 3 else ''}); "
               "running it again", file=sys.stderr)
         return None
-    differ = scenario_differences(stored.get("scenario") or {}, scenario)
+    differ = [f for f in scenario_differences(stored.get("scenario") or {}, scenario) if f not in HOSTING_ONLY]
     if differ:
         raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {label!r} "
                                      f"asks for ({', '.join(differ[:5])} differ); move it away or pick "

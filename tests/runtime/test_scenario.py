@@ -107,6 +107,9 @@ def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_
     assert run_compare(path, rows, [3], tmp_path / "cmp", reuse=True, progress=False) == 0
     assert "| fedavg[train.lr=0.01] |" in (tmp_path / "cmp" / "compare.md").read_text()
 
+    plant({**same, "runtime": {**same["runtime"], "workers": 12}})  # more processes hosting the same nodes
+    assert run_compare(path, rows, [3], tmp_path / "cmp", reuse=True, progress=False) == 0
+
     stored = plant({**same, "rounds": 7, "train": {**same["train"], "lr": 0.1}})
     with pytest.raises(ConfigError) as info:  # seed 4 has no run; it is refused before seed 4 would start
         run_compare(path, rows, [4, 3], tmp_path / "cmp", reuse=True, progress=False)
