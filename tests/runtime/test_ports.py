@@ -1,4 +1,4 @@
-"""Ports for a run's nodes are drawn where outgoing connections never take them."""
+"""A run's ports: drawn where outgoing connections never take them, given back when a worker goes down."""
 
 from __future__ import annotations
 
@@ -72,3 +72,31 @@ def test_by_default_the_kernels_range_is_avoided() -> None:
     if low - LOWEST < 4 * 10:
         pytest.skip(f"this machine's ephemeral range starts at {low}: no room below it")
     assert all(not (low <= p <= high) for p in free_ports(10, "127.0.0.1"))
+
+
+def test_a_cancelled_node_closes_its_listener_and_client_session(tmp_path: Path) -> None:
+    """A worker whose node cannot listen goes down, cancelling the nodes beside it: each closes
+    its sockets (the port is free again) and its HTTP client session."""
+    import asyncio
+
+    from .helpers import build_in_process, write_tiny
+
+    nodes, _ = build_in_process(write_tiny(tmp_path, nodes=2, rounds=1, samples=40), tmp_path / "run",
+                                overrides=("runtime.start_wait_s=60",))
+    node = nodes[0]  # its peer never starts: it waits, listening
+
+    async def cancel_while_waiting() -> None:
+        task = asyncio.create_task(node.run())
+        while getattr(node.parts.transport, "_session", None) is None:  # listening and its client open
+            assert not task.done(), task.exception()
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_while_waiting())
+    assert node.parts.transport._session.closed
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((node.config.host, node.config.port))
+        s.listen()

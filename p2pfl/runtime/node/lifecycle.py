@@ -235,6 +235,10 @@ class Node:
             elif status == "left":
                 goodbye = f"left before round {self.membership.events[-1]['round']}"
             status = end_status(status, self.state.rounds, self.log)
+        except asyncio.CancelledError:
+            # The process is going down (a node beside it could not listen): no sockets left open.
+            await transport.close()
+            raise
         except CheckpointError as exc:  # --resume with no usable checkpoint: the reason, no traceback
             status, error, resume_failed = "failed", str(exc), True
             goodbye = f"cannot resume: {exc}"
