@@ -26,7 +26,9 @@ def test_certificate_is_a_function_of_the_key() -> None:
 
 def test_nodes_run_over_tls_and_refuse_a_wrong_fingerprint(tmp_path: Path) -> None:
     path = write_tiny(tmp_path, nodes=3, rounds=1, samples=40, timeout=5.0, extra="")
-    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
+    # node-2 never sees node-0 up (it distrusts its certificate) and starts after start_wait_s; that
+    # wait must be well under the others' 5 s fetch timeout, or whether they get node-2's model is a race.
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true", "runtime.start_wait_s=1"))
     roster = tomllib.loads((tmp_path / "run" / "nodes" / "roster.toml").read_text())
     assert len(roster["node"]) == 3
     assert all(p["url"].startswith("https://") and len(p["tls_fingerprint"]) == 64 for p in roster["node"])
@@ -83,7 +85,9 @@ def test_finding_7_connections_that_never_finish_a_handshake_are_capped_and_time
     from p2pfl.runtime.transport import ServerLimits
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, timeout=5.0)
-    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
+    # node-2 never sees node-0 up (it distrusts its certificate) and starts after start_wait_s; that
+    # wait must be well under the others' 5 s fetch timeout, or whether they get node-2's model is a race.
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true", "runtime.start_wait_s=1"))
     endpoint = nodes[0].transport
     endpoint.server_limits = ServerLimits(max_connections=4, handshake_timeout_s=3.0)
     seen: dict[str, object] = {}
@@ -136,7 +140,9 @@ def test_issue_48_finding_2_connections_are_released_on_close_error_and_timeout_
     from p2pfl.runtime.transport import ServerLimits
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, timeout=5.0)
-    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
+    # node-2 never sees node-0 up (it distrusts its certificate) and starts after start_wait_s; that
+    # wait must be well under the others' 5 s fetch timeout, or whether they get node-2's model is a race.
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true", "runtime.start_wait_s=1"))
     endpoint = nodes[0].transport
     endpoint.server_limits = ServerLimits(max_connections=64, handshake_timeout_s=1.0)
     port = nodes[0].config.port
