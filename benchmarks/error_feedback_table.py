@@ -21,12 +21,12 @@ from p2pfl.scenario.compare import summarize_run
 OFF = ",runtime.error_feedback=false"
 
 
-def seed_means(runs: list[Path], key: str) -> dict[int, float]:
-    out = {}
-    for run in runs:
-        summary = summarize_run(json.loads((run / "results.json").read_text()))
-        out[int(summary["seed"])] = summary[key]
-    return out
+def summaries(runs: list[Path]) -> list[dict]:
+    return [summarize_run(json.loads((run / "results.json").read_text())) for run in runs]
+
+
+def by_seed(runs: list[dict], key: str) -> dict[int, float]:
+    return {int(s["seed"]): s[key] for s in runs}
 
 
 def main() -> None:
@@ -39,8 +39,9 @@ def main() -> None:
         raise SystemExit(f"{args.folder}: no row with '{OFF.lstrip(',')}' beside the same row without it")
     tests = {}
     for off, on in pairs:
+        with_feedback, without = summaries(rows[on]), summaries(rows[off])
         for key, what in (("final", "after training"), ("final_aggregated", "after aggregation")):
-            tests[on, what] = paired_difference(seed_means(rows[on], key), seed_means(rows[off], key))
+            tests[on, what] = paired_difference(by_seed(with_feedback, key), by_seed(without, key))
     corrected = holm_corrected({f"{on} {what}": d for (on, what), d in tests.items()})
     print("| row | Δ error feedback on − off, after training | Δ after aggregation |")
     print("|---|---|---|")

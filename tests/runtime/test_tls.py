@@ -85,9 +85,7 @@ def test_finding_7_connections_that_never_finish_a_handshake_are_capped_and_time
     from p2pfl.runtime.transport import ServerLimits
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, timeout=5.0)
-    # node-2 never sees node-0 up (it distrusts its certificate) and starts after start_wait_s; that
-    # wait must be well under the others' 5 s fetch timeout, or whether they get node-2's model is a race.
-    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true", "runtime.start_wait_s=1"))
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
     endpoint = nodes[0].transport
     endpoint.server_limits = ServerLimits(max_connections=4, handshake_timeout_s=3.0)
     seen: dict[str, object] = {}
@@ -140,9 +138,7 @@ def test_issue_48_finding_2_connections_are_released_on_close_error_and_timeout_
     from p2pfl.runtime.transport import ServerLimits
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40, timeout=5.0)
-    # node-2 never sees node-0 up (it distrusts its certificate) and starts after start_wait_s; that
-    # wait must be well under the others' 5 s fetch timeout, or whether they get node-2's model is a race.
-    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true", "runtime.start_wait_s=1"))
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true",))
     endpoint = nodes[0].transport
     endpoint.server_limits = ServerLimits(max_connections=64, handshake_timeout_s=1.0)
     port = nodes[0].config.port
