@@ -14,7 +14,7 @@ from torch.func import functional_call
 from p2pfl.core.influence import weighted_average
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import PeerModel, RoundContext
-from p2pfl.training.trainer import evaluate_logits
+from p2pfl.training.trainer import CPU_EVAL_BATCH, evaluate_logits
 
 
 def latest_parts(arrived: list[PeerModel], part: str) -> list[PeerModel]:
@@ -54,6 +54,8 @@ class ModelPool:
         self.keys = list(states[0])
         self.stacked = {k: torch.stack([s[k].detach() for s in states]) for k in self.keys}
         self.size = len(states)
+        self.channels_last = any(isinstance(m, nn.Conv2d) for m in template.modules()) and all(
+            v.device.type == "cpu" for v in self.stacked.values())
 
     def average(self, members: Sequence[int]) -> dict[str, torch.Tensor]:
         """Uniform average of `members` (indices into the pool); non-float tensors from the first."""
@@ -78,8 +80,16 @@ class ModelPool:
     def evaluate(self, members: Sequence[int], split: Any, batch_size: int = 1024) -> tuple[float, float]:
         """(accuracy, mean cross-entropy) of the average of `members` on `split`."""
         state = self.average(members)
+        layout = torch.contiguous_format
+        if self.channels_last:
+            # As LocalTrainer.evaluate scores: a coalition game's forward passes were most of a
+            # pFedSV round (`python benchmarks/evaluation.py`).
+            layout, batch_size = torch.channels_last, CPU_EVAL_BATCH
+            state = {k: v.contiguous(memory_format=layout) if v.dim() == 4 else v for k, v in state.items()}
 
         def forward(xb: torch.Tensor) -> torch.Tensor:
+            if xb.dim() == 4:
+                xb = xb.contiguous(memory_format=layout)
             return functional_call(self.template, state, (xb,))
 
         return evaluate_logits(forward, self.template, split, batch_size)
