@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-
 from torch.func import functional_call
 
 from p2pfl.algorithms.common import ModelPool
@@ -66,10 +65,9 @@ def main() -> None:
 
         before = median_seconds(stored_pool, args.repeats, warmup=1)
         now = median_seconds(lambda: pool.evaluate(members, split), args.repeats, warmup=1)
-        layout = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in average.items()}
+        forward, batch = pool.scorer(members)
         with torch.no_grad():
-            fast = torch.cat([functional_call(model, layout, (x[i : i + CPU_EVAL_BATCH].contiguous(
-                memory_format=torch.channels_last),)) for i in range(0, len(x), CPU_EVAL_BATCH)])
+            fast = torch.cat([forward(x[i : i + batch]) for i in range(0, len(x), batch)])
         diff = float((fast - stored_pool()).abs().max())
         print(f"{name + f' {channels}x{size}':<12} {before:9.3f} {now:9.3f} {before / now:6.1f}x  {diff:.1e}")
 

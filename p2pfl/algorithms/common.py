@@ -3,7 +3,7 @@ a part by sample count, and evaluate averages of many states without loading the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from torch.func import functional_call
 from p2pfl.core.influence import weighted_average
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import PeerModel, RoundContext
-from p2pfl.training.trainer import CPU_EVAL_BATCH, evaluate_logits
+from p2pfl.training.trainer import CPU_EVAL_BATCH, evaluate_logits, scores_faster_channels_last
 
 
 def latest_parts(arrived: list[PeerModel], part: str) -> list[PeerModel]:
@@ -54,8 +54,7 @@ class ModelPool:
         self.keys = list(states[0])
         self.stacked = {k: torch.stack([s[k].detach() for s in states]) for k in self.keys}
         self.size = len(states)
-        self.channels_last = any(isinstance(m, nn.Conv2d) for m in template.modules()) and all(
-            v.device.type == "cpu" for v in self.stacked.values())
+        self.channels_last = scores_faster_channels_last(template)
 
     def average(self, members: Sequence[int]) -> dict[str, torch.Tensor]:
         """Uniform average of `members` (indices into the pool); non-float tensors from the first."""
@@ -76,20 +75,24 @@ class ModelPool:
             return np.zeros(self.size)
         return total.sqrt().cpu().numpy()
 
-    @torch.no_grad()
-    def evaluate(self, members: Sequence[int], split: Any, batch_size: int = 1024) -> tuple[float, float]:
-        """(accuracy, mean cross-entropy) of the average of `members` on `split`."""
+    def scorer(self, members: Sequence[int], batch_size: int = 1024) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+        """The forward pass of the average of `members` and the batch size to run it at: as
+        `LocalTrainer.evaluate` scores, channels-last in small batches where that is faster (a
+        coalition game's forward passes were most of a pFedSV round; `benchmarks/evaluation.py`)."""
         state = self.average(members)
-        layout = torch.contiguous_format
-        if self.channels_last:
-            # As LocalTrainer.evaluate scores: a coalition game's forward passes were most of a
-            # pFedSV round (`python benchmarks/evaluation.py`).
-            layout, batch_size = torch.channels_last, CPU_EVAL_BATCH
-            state = {k: v.contiguous(memory_format=layout) if v.dim() == 4 else v for k, v in state.items()}
+        if not self.channels_last:
+            return lambda xb: functional_call(self.template, state, (xb,)), batch_size
+        state = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in state.items()}
 
         def forward(xb: torch.Tensor) -> torch.Tensor:
             if xb.dim() == 4:
-                xb = xb.contiguous(memory_format=layout)
+                xb = xb.contiguous(memory_format=torch.channels_last)
             return functional_call(self.template, state, (xb,))
 
+        return forward, CPU_EVAL_BATCH
+
+    @torch.no_grad()
+    def evaluate(self, members: Sequence[int], split: Any, batch_size: int = 1024) -> tuple[float, float]:
+        """(accuracy, mean cross-entropy) of the average of `members` on `split`."""
+        forward, batch_size = self.scorer(members, batch_size)
         return evaluate_logits(forward, self.template, split, batch_size)
