@@ -65,7 +65,7 @@ def trust_table(results: Mapping[str, Any], out: Path) -> Path | None:
              "influence λ; a strategy that scores no peer: by conduct), and separately by conduct: the geometric "
              "mean over the rounds a peer answered of the share of its update taken (1 as sent, 1/factor "
              "pulled back within runtime.update_bound, 1/10 refused).", "",
-             "| node | least trusted | its score | its conduct | bounded | refused | silent | worst conduct | "
+             "| node | least trusted | its score | its conduct | bounded rounds (counts) | refused | silent | worst conduct | "
              "its conduct |", "|---|---|---|---|---|---|---|---|---|"]
     for nid in sorted(trust["nodes"], key=_natural):
         view = trust["nodes"][nid]
@@ -74,7 +74,7 @@ def trust_table(results: Mapping[str, Any], out: Path) -> Path | None:
         last, worst = view["ranking"][-1], (view["conduct_ranking"] or [None])[-1]
         t = view["peers"][last]
         worst_conduct = "–" if worst is None else view["peers"][worst]["conduct"]
-        lines.append(f"| {nid} | {last} | {_num(t['score'])} | {_num(t['conduct'])} | {t['bounded']} | "
+        lines.append(f"| {nid} | {last} | {_num(t['score'])} | {_num(t['conduct'])} | {t['bounded']} ({t.get('bounded_counts', t['bounded'])}) | "
                      f"{t['refused']} | {t['silent']} | {worst or '–'} | {_num(worst_conduct)} |")
     lines += ["", "| peer | mean place (0 most trusted, 1 least) | ranked by |", "|---|---|---|"]
     for peer, view in sorted(trust["federation"].items(), key=lambda kv: -kv[1]["mean_place"]):

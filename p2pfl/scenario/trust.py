@@ -5,7 +5,8 @@ Two kinds of evidence, kept apart:
 * the strategy's own scores (`Strategy.peer_scores`: pFedSV's relevance, FedC2I's influence λ),
   averaged over the rounds it scored the peer; a peer it never scored is not judged by it;
 * the runtime's, the peer's conduct: rounds it was asked and answered, arrived stale, was pulled
-  back within `runtime.update_bound` (and by what factor), was refused, or stayed silent.
+  back within `runtime.update_bound` (in how many rounds, on how many counts: a part's weights and
+  its buffers each count, and by what factor), was refused, or stayed silent.
 
 They answer different questions (is the peer's model of use to me; does the peer send what an
 honest peer sends), so each gives its own ranking: `ranking` by the mean strategy score (by
@@ -46,6 +47,9 @@ def node_trust(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
         for what, peers in per_round.items():
             for peer in peers:
                 counts[peer][what] += 1
+        for peer, reasons in (record.get("peers_bounded") or {}).items():
+            # a record from before each count was kept names one reason as a string
+            counts[peer]["bounded_counts"] += 1 if isinstance(reasons, str) else len(reasons)
         factors = record.get("peers_bounded_factor", {})
         for peer in bounded:
             shortfall[peer] += math.log(max(float(factors.get(peer, 1.0)), 1.0))
@@ -58,7 +62,7 @@ def node_trust(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
         c = counts[peer]
         judged = c["answered"] + c["refused"]
         out[peer] = {
-            **{k: c[k] for k in ("asked", "answered", "stale", "bounded", "refused", "silent")},
+            **{k: c[k] for k in ("asked", "answered", "stale", "bounded", "bounded_counts", "refused", "silent")},
             "conduct": math.exp(-shortfall[peer] / judged) if judged else None,
             "score": sum(scores[peer]) / len(scores[peer]) if scores[peer] else None,
             "scored": len(scores[peer]),

@@ -13,8 +13,9 @@ from p2pfl.report.trust_figures import plot_trust, trust_matrix, trust_table
 from p2pfl.scenario.trust import FAR_BOUND_FACTOR, node_trust, ranked_last, ranking, run_trust
 
 ROUNDS = [
-    # a: taken as sent twice, scored 0.5 then 0.3; b: pulled back 4x, then refused; c: silent, then stale
-    {"round": 1, "arrived": ["a", "b"], "peers_bounded": {"b": "over"}, "peers_bounded_factor": {"b": 4.0},
+    # a: taken as sent twice, scored 0.5 then 0.3; b: pulled back 4x (buffers and weights), then refused;
+    # c: silent, then stale
+    {"round": 1, "arrived": ["a", "b"], "peers_bounded": {"b": ["buffers over", "weights over"]}, "peers_bounded_factor": {"b": 4.0},
      "silent": ["c"], "peer_scores": {"a": 0.5, "b": 0.9}},
     {"round": 2, "arrived": ["a", "c"], "stale": ["c"], "peers_refused": {"b": "over update_refuse"},
      "peer_scores": {"a": 0.3, "c": 0.1}},
@@ -24,10 +25,13 @@ ROUNDS = [
 
 def test_counts_scores_and_conduct_by_hand() -> None:
     trust = node_trust(ROUNDS)
-    assert trust["a"] == {"asked": 2, "answered": 2, "stale": 0, "bounded": 0, "refused": 0, "silent": 0,
-                          "conduct": 1.0, "score": pytest.approx(0.4), "scored": 2}
+    assert trust["a"] == {"asked": 2, "answered": 2, "stale": 0, "bounded": 0, "bounded_counts": 0, "refused": 0,
+                          "silent": 0, "conduct": 1.0, "score": pytest.approx(0.4), "scored": 2}
     # b answered once (pulled back 4x) and was refused once: the geometric mean of 1/4 and 1/10
     assert trust["b"]["asked"] == 2 and trust["b"]["bounded"] == 1 and trust["b"]["refused"] == 1
+    assert trust["b"]["bounded_counts"] == 2  # one round, two counts, each named
+    # a record from before each count was kept names one reason as a string: one count
+    assert node_trust([{"round": 1, "arrived": ["b"], "peers_bounded": {"b": "over"}}])["b"]["bounded_counts"] == 1
     assert trust["b"]["conduct"] == pytest.approx(math.sqrt(1 / 4 / FAR_BOUND_FACTOR))
     assert trust["b"]["score"] == pytest.approx(0.9)
     # c: silence is counted, not held against it; a stale part taken is taken as sent

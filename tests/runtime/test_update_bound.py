@@ -174,7 +174,7 @@ def test_a_node_pulls_a_sign_flipped_part_back_and_names_its_sender(tmp_path: Pa
     message = open_message(model_frame(peer_key, node, tensors=flipped), roster=roster, recipient="node-0", replay=None)
     taken = intake.peer_model(message, checks)
     assert update_norm(taken.tensors, start) == pytest.approx(3.0 * own, rel=1e-4)
-    assert "node-1" in checks.bounded and "pulled back" in checks.bounded["node-1"]
+    assert "node-1" in checks.bounded and "pulled back" in checks.bounded["node-1"][0]
 
     honest = {k: v + 0.015 if v.is_floating_point() else v for k, v in start.items()}  # 1.5x own: inside
     checks = RoundChecks(1, round_start=checks.round_start)

@@ -39,11 +39,18 @@ class RoundChecks:
     # (peer, part) -> the push that may answer this gather's fetch of it, while the gather waits.
     awaiting: dict[tuple[str, str], asyncio.Future[PeerModel]] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)          # peer -> why its part was refused
-    bounded: dict[str, str] = field(default_factory=dict)          # peer -> how its part was pulled back
+    # peer -> each count its parts were pulled back on (weights, buffers, per part), with distance and bound
+    bounded: dict[str, list[str]] = field(default_factory=dict)
     bounded_factor: dict[str, float] = field(default_factory=dict)  # peer -> how many times over the bound it lay
     own_norms: dict[str, float] = field(default_factory=dict)      # part -> its norm, what a peer's is bounded by
     own_updates: dict[str, float] = field(default_factory=dict)    # part -> how far this round's training moved it
     own_buffer_updates: dict[str, float] = field(default_factory=dict)  # part -> the same, of its floating buffers
+
+    def pulled_back(self, sender: str, factor: float, reason: str) -> None:
+        """One more count `sender`'s parts were pulled back on: each is named, none overwrites another
+        (a part over both its buffers' and its weights' bound names both)."""
+        self.bounded.setdefault(sender, []).append(reason)
+        self.bounded_factor[sender] = max(self.bounded_factor.get(sender, 0.0), round(factor, 3))
 
 
 class Intake:
@@ -173,9 +180,9 @@ class Intake:
         if clipped is None:
             return tensors
         pulled, distance, bound = clipped
-        checks.bounded[sender] = (f"{part}'s buffers moved {distance:.3g} from this node's round start, over "
-                                  f"{self.settings.update_bound:g} x its own buffers' move ({bound:.3g}); pulled back")
-        checks.bounded_factor[sender] = max(checks.bounded_factor.get(sender, 0.0), round(distance / bound, 3))
+        checks.pulled_back(sender, distance / bound,
+                           f"{part}'s buffers moved {distance:.3g} from this node's round start, over "
+                           f"{self.settings.update_bound:g} x its own buffers' move ({bound:.3g}); pulled back")
         return {**tensors, **pulled}
 
     def bounded(self, sender: str, part: str, tensors: dict[str, torch.Tensor], checks: RoundChecks,
@@ -198,7 +205,7 @@ class Intake:
             raise ClaimRefused(f"{sender}/{part} moved {distance:.3g} from this node's round start, {distance / bound:.0f} "
                                f"times over {settings.update_bound:g} x its own update ({bound:.3g}; refused from "
                                f"{refuse:g} times over, runtime.update_refuse)")
-        checks.bounded[sender] = (f"{part} moved {distance:.3g} from this node's round start, over "
-                                  f"{settings.update_bound:g} x its own update ({bound:.3g}); pulled back to it")
-        checks.bounded_factor[sender] = max(checks.bounded_factor.get(sender, 0.0), round(distance / bound, 3))
+        checks.pulled_back(sender, distance / bound,
+                           f"{part} moved {distance:.3g} from this node's round start, over "
+                           f"{settings.update_bound:g} x its own update ({bound:.3g}); pulled back to it")
         return tensors

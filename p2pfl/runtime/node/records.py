@@ -62,7 +62,7 @@ class RoundRecord:
     neighbours: Mapping[str, Any] = field(default_factory=dict)
     peers_refused: Mapping[str, str] = field(default_factory=dict)   # claims over a bound (peer_claims)
     sat_out: Sequence[str] = ()                  # neighbours sitting this round out with nothing to take
-    peers_bounded: Mapping[str, str] = field(default_factory=dict)   # pulled back within runtime.update_bound
+    peers_bounded: Mapping[str, list[str]] = field(default_factory=dict)  # each count pulled back within runtime.update_bound
     peers_bounded_factor: Mapping[str, float] = field(default_factory=dict)
     aggregate_refused: str | None = None
     safeguard: Mapping[str, Any] = field(default_factory=dict)  # the safeguard's own keys, flat in the JSON
