@@ -14,6 +14,8 @@ Only what leaves the node is poisoned; attackers evaluate their own honest-looki
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -75,12 +77,12 @@ class Attack:
 
     def training_data(self, data: NodeData, num_classes: int) -> NodeData:
         """Label flip poisons the training split; the node's own val/test splits stay true."""
-        from p2pfl.data import NodeData, Split
+        from p2pfl.data import Split
 
         if self.spec.kind != "label-flip":
             return data
         flipped = Split(data.train.x, (num_classes - 1) - data.train.y)
-        return NodeData(index=data.index, train=flipped, val=data.val, test=data.test, domain=data.domain)
+        return dataclasses.replace(data, train=flipped)
 
     def published(self, parts: Mapping[str, Mapping[str, torch.Tensor]], start: Mapping[str, torch.Tensor],
                   round_: int) -> dict[str, dict[str, torch.Tensor]]:

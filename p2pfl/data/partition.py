@@ -8,7 +8,9 @@ Pipeline (all numpy, on indices; tensors are made at the very end):
 4. cap every node at ``samples_per_node`` (class-stratified subsample);
 5. split every node stratified by class into train / val / test;
 6. with ``test_samples_per_node``, top each node's test split up to that size with samples
-   of the node's own share that the cap left out (class-stratified; train and val unchanged).
+   of the node's own share that the cap left out (class-stratified; train and val unchanged);
+7. with a ``test_split`` other than ``own_distribution``, draw each node's test images anew from
+   the pooled test splits of every node (`test_sets`; train and val unchanged).
 
 Steps 3-5 use independent random streams spawned from ``seed``, so e.g. changing
 the cap does not change which samples a node was assigned.
@@ -28,7 +30,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.plugins import call, is_reference
 
 from . import digits, local
-from .spec import DataSpec, validate_num_nodes
+from .spec import TEST_SPLITS, DataSpec, validate_num_nodes
 from .types import NodeData, Partition, Split, split_stats
 
 MAX_DIRICHLET_DRAWS = 1000
@@ -330,8 +332,9 @@ def assign(spec: DataSpec, pool: Pool, num_nodes: int, seed: int) -> dict:
     """
     spec.validate()
     validate_num_nodes(spec, num_nodes)
-    # spawn(4)'s first three children are spawn(3)'s: the top-up stream changes no earlier draw
-    r_assign, r_cap, r_split, r_top_up = (np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(4))
+    # spawn(5)'s first children are spawn(3)'s and spawn(4)'s: a later stream changes no earlier draw
+    *streams, test_seeds = np.random.SeedSequence(int(seed)).spawn(5)
+    r_assign, r_cap, r_split, r_top_up = (np.random.default_rng(s) for s in streams)
     all_ids = np.arange(len(pool.y), dtype=np.int64)
     held = None
     if spec.held_out_domain is not None:
@@ -359,7 +362,13 @@ def assign(spec: DataSpec, pool: Pool, num_nodes: int, seed: int) -> dict:
     if spec.test_samples_per_node is not None:
         splits = [(tr, va, top_up_test(te, np.setdiff1d(r, c), pool.y, spec.test_samples_per_node, r_top_up))
                   for (tr, va, te), r, c in zip(splits, raw, capped)]
-    return {"nodes": splits, "raw": raw, "held_out": held, "assigned": assigned}
+    # One stream per reading: its images are the same whether it is the test_split or an extra one.
+    streams = dict(zip(TEST_SPLITS, test_seeds.spawn(len(TEST_SPLITS))))
+    readings = {r: test_sets(r, splits, pool.y, np.random.default_rng(streams[r]))
+                for r in (spec.test_split, *spec.extra_test_splits)}
+    extra = {r: readings[r] for r in spec.extra_test_splits}
+    splits = [(tr, va, te) for (tr, va, _), te in zip(splits, readings[spec.test_split])]
+    return {"nodes": splits, "extra_tests": extra, "raw": raw, "held_out": held, "assigned": assigned}
 
 
 def top_up_test(test: np.ndarray, left_out: np.ndarray, y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -369,6 +378,39 @@ def top_up_test(test: np.ndarray, left_out: np.ndarray, y: np.ndarray, size: int
     if need <= 0 or len(left_out) == 0:
         return test
     return rng.permutation(np.concatenate([test, cap(left_out, y, need, rng)]))
+
+
+def test_sets(reading: str, splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], y: np.ndarray,
+              rng: np.random.Generator) -> list[np.ndarray]:
+    """Each node's test images under `reading` (`p2pfl.data.spec.TEST_SPLITS`), drawn without
+    replacement from the pooled test splits of every node, so never an image any node trains or
+    validates on; each node's test set keeps the size its own split had.
+
+    * ``own_classes_balanced``: the classes the node trains on (at least one training image), the
+      same number of each (LG-FedAvg's per-client test of the client's own classes);
+    * ``global``: one balanced set of every class, the same images for every node.
+
+    A class with fewer pooled images than its share caps the share of every class, so a set stays
+    balanced. ``own_distribution``: each node's own test split, as it is."""
+    if reading == "own_distribution":
+        return [te for _, _, te in splits]
+    pooled = np.sort(np.concatenate([te for _, _, te in splits]))
+    by_class = {int(c): rng.permutation(pooled[y[pooled] == c]) for c in np.unique(y[pooled])}
+
+    def balanced(classes: list[int], size: int) -> np.ndarray:
+        classes = [c for c in classes if c in by_class]
+        if not classes:
+            return np.zeros(0, np.int64)
+        per = max(1, min(size // len(classes), min(len(by_class[c]) for c in classes)))
+        return rng.permutation(np.concatenate([rng.choice(by_class[c], min(per, len(by_class[c])), replace=False)
+                                               for c in classes]))
+
+    if reading == "global":
+        shared = balanced(sorted(by_class), int(round(np.mean([len(te) for _, _, te in splits]))))
+        return [shared for _ in splits]
+    if reading == "own_classes_balanced":
+        return [balanced(sorted(int(c) for c in np.unique(y[tr])), len(te)) for tr, _, te in splits]
+    raise ValueError(f"unknown test split {reading!r}")
 
 
 def node_ground_truth(spec: DataSpec, pool: Pool, a: dict) -> list[dict]:
@@ -421,7 +463,8 @@ def build_partition(
     pool = load_pool(spec)
     a, node_meta = _assignment(spec, num_nodes, seed)
     nodes = [
-        NodeData(i, _split(pool, tr), _split(pool, va), _split(pool, te), node_meta[i]["domain"])
+        NodeData(i, _split(pool, tr), _split(pool, va), _split(pool, te), node_meta[i]["domain"],
+                 {r: _split(pool, sets[i]) for r, sets in a["extra_tests"].items()})
         for i, (tr, va, te) in enumerate(a["nodes"])
         if only is None or i in only
     ]

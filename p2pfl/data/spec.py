@@ -15,6 +15,10 @@ PARTITIONS = ("iid", "dirichlet", "dirichlet_per_node", "pathological", "domain"
 DOMAIN_SPLITS = ("iid", "dirichlet")
 DIGIT_DOMAINS = ("mnist", "uci", "synth", "mnistm", "usps")
 LOCAL_DATASETS = ("idx", "cifar10", "cifar100")
+# Which test images a node is scored on (p2pfl.data.partition.test_sets; docs/data.md, "Test splits"):
+# its own held-out share (drawn with its training label proportions), the pooled held-out images of
+# the classes it holds, the same number per class, or one balanced set shared by every node.
+TEST_SPLITS = ("own_distribution", "own_classes_balanced", "global")
 
 # Number of classes known before any data is read (idx: at least 10, see local.py).
 KNOWN_NUM_CLASSES = {"mnist": 10, "digits": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
@@ -54,10 +58,16 @@ class DataSpec:
     # At least this many test samples per node: the node's test_fraction share, topped up with
     # samples of its own share that the samples_per_node cap left out (training data unchanged).
     test_samples_per_node: int | None = None
+    test_split: str = "own_distribution"  # one of TEST_SPLITS: which test images each node is scored on
+    # Readings each node is also scored on every round (ours, for calibration): the training and the
+    # test_split's scores are those of a run without them; each reading's scores are those of a run
+    # with that test_split, at no extra training.
+    extra_test_splits: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.domains, list):
-            object.__setattr__(self, "domains", tuple(self.domains))
+        for name in ("domains", "extra_test_splits"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if isinstance(self.path, os.PathLike):
             object.__setattr__(self, "path", os.fspath(self.path))
 
@@ -69,7 +79,7 @@ class DataSpec:
         kw: dict[str, Any] = {}
         for key, value in d.items():
             f = f"{prefix}.{key}"
-            if key in ("dataset", "partition", "domain_split"):
+            if key in ("dataset", "partition", "domain_split", "test_split"):
                 if not isinstance(value, str):
                     raise ConfigError(f, f"must be a string, got {type(value).__name__}")
             elif key in ("path", "held_out_domain"):
@@ -77,9 +87,10 @@ class DataSpec:
                     value = os.fspath(value)
                 if value is not None and not isinstance(value, str):
                     raise ConfigError(f, f"must be a string, got {type(value).__name__}")
-            elif key == "domains":
+            elif key in ("domains", "extra_test_splits"):
+                what = "domain names" if key == "domains" else "test split names"
                 if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                    raise ConfigError(f, f"must be a list of domain names, got {type(value).__name__}")
+                    raise ConfigError(f, f"must be a list of {what}, got {type(value).__name__}")
                 for item in value:
                     if not isinstance(item, str):
                         raise ConfigError(f, f"must be a list of strings, found {item!r}")
@@ -145,6 +156,23 @@ class DataSpec:
             if len(self.resolved_domains()) < 2:
                 raise err("held_out_domain", "holding out the only domain leaves no data for the nodes")
 
+        if self.test_split not in TEST_SPLITS:
+            raise err("test_split", f"unknown test split {self.test_split!r}; allowed: {', '.join(TEST_SPLITS)} "
+                                    "(docs/data.md, 'Test splits')")
+        if self.test_split != "own_distribution" and self.test_fraction == 0:
+            raise err("test_split", f"{self.test_split!r} draws from the pooled test shares of every node: "
+                                    "set test_fraction > 0")
+        if not isinstance(self.extra_test_splits, tuple):
+            raise err("extra_test_splits", "must be a list of test split names")
+        for name in self.extra_test_splits:
+            if name not in TEST_SPLITS:
+                raise err("extra_test_splits", f"unknown test split {name!r}; allowed: {', '.join(TEST_SPLITS)}")
+            if name == self.test_split:
+                raise err("extra_test_splits", f"{name!r} is already the test_split every node is scored on")
+        if len(set(self.extra_test_splits)) != len(self.extra_test_splits):
+            raise err("extra_test_splits", "lists a test split twice")
+        if self.extra_test_splits and self.test_fraction == 0:
+            raise err("extra_test_splits", "the readings draw from the nodes' test shares: set test_fraction > 0")
         if self.domain_split not in DOMAIN_SPLITS:
             raise err("domain_split", f"must be one of {', '.join(DOMAIN_SPLITS)}, got {self.domain_split!r}")
         if self.partition == "domain" and self.dataset != "digits":

@@ -29,6 +29,8 @@ class NodeData:
     val: Split
     test: Split
     domain: str | None  # the node's domain when all its samples come from one digits domain, else None
+    # data.extra_test_splits: reading -> the test images the node is also scored on
+    extra_tests: dict[str, Split] = field(default_factory=dict)
 
 
 def split_stats(index: int, domain: str | None, train: Split, val: Split, test: Split, num_classes: int) -> dict[str, Any]:

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping
 
 import torch
@@ -80,7 +82,8 @@ def split_to_device(split: Split, device: torch.device) -> Split:
 
 
 def data_to_device(data: NodeData, device: torch.device) -> NodeData:
-    return NodeData(
-        index=data.index, train=split_to_device(data.train, device), val=split_to_device(data.val, device),
-        test=split_to_device(data.test, device), domain=data.domain,
+    return dataclasses.replace(
+        data, train=split_to_device(data.train, device), val=split_to_device(data.val, device),
+        test=split_to_device(data.test, device),
+        extra_tests={name: split_to_device(split, device) for name, split in data.extra_tests.items()},
     )

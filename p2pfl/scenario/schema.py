@@ -284,8 +284,11 @@ def stored_as_made(stored: Mapping[str, Any]) -> dict[str, Any]:
     made before `runtime.update_bound` existed bounded nothing (0), though the field's default
     is now 1, so it is compared and resumed as 0; a bounded run made before
     `runtime.update_refuse` existed refused nothing for being over the bound (0). Without the
-    bound the refusal factor means nothing and is not stored."""
+    bound the refusal factor means nothing and is not stored. A run made before `data.test_split`
+    scored each node on its own held-out share ("own_distribution")."""
     out = json.loads(json.dumps(stored))
+    if isinstance(out.get("data"), dict):
+        out["data"].setdefault("test_split", "own_distribution")
     runtime = out.get("runtime")
     if isinstance(runtime, dict) and "update_bound" not in runtime:
         runtime["update_bound"] = 0.0

@@ -70,6 +70,9 @@ class RoundRecord:
     metrics: Mapping[str, float] = field(default_factory=dict)    # the strategy's evaluation after aggregation
     peer_scores: Mapping[str, float] = field(default_factory=dict)  # the strategy's trust in each peer it judged
     silent: Sequence[str] = ()  # the `unanswered` peers, by name
+    # data.extra_test_splits: reading -> test accuracy of the model after training, and after aggregation
+    test_acc_by_split: Mapping[str, float] = field(default_factory=dict)
+    test_acc_aggregated_by_split: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -83,7 +86,9 @@ class RoundRecord:
         optional = {"staleness": self.staleness, "neighbours": self.neighbours, "peers_refused": self.peers_refused,
                     "sat_out": self.sat_out, "silent": self.silent,
                     "peers_bounded": self.peers_bounded, "peers_bounded_factor": self.peers_bounded_factor,
-                    "fit_config": self.fit_config, "metrics": self.metrics, "peer_scores": self.peer_scores}
+                    "fit_config": self.fit_config, "metrics": self.metrics, "peer_scores": self.peer_scores,
+                    "test_acc_by_split": self.test_acc_by_split,
+                    "test_acc_aggregated_by_split": self.test_acc_aggregated_by_split}
         doc.update({k: (list(v) if k in ("sat_out", "silent") else dict(v)) for k, v in optional.items() if v})
         if self.aggregate_refused is not None:
             doc["aggregate_refused"] = self.aggregate_refused

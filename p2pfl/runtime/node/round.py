@@ -138,6 +138,8 @@ class Round:
             peers_bounded={p: list(r) for p, r in checks.bounded.items()}, peers_bounded_factor=dict(checks.bounded_factor),
             aggregate_refused=aggregated.refused, safeguard=safeguard, fit_config=self.fit_config,
             metrics=self.metrics, peer_scores=self.peer_scores, silent=sorted(unanswered),
+            test_acc_by_split=trained.scores.test_acc_by_split,
+            test_acc_aggregated_by_split=aggregated.scored.scores.test_acc_by_split,
         )
         kit.log.info("round %d/%d: acc %.3f, %.3f after aggregation; %d of %d peers answered; %.1f MiB in; %.1f s",
                      r, kit.settings.rounds, trained.scores.test_acc, aggregated.scored.scores.test_acc,
@@ -244,6 +246,7 @@ class Round:
             val_acc_aggregated=scored.scores.val_acc, train_loss=None, train_steps=0,
             traffic=kit.parts.counter.round_summary(self.r), wall_s=sum(time_record.values()), started_at=started_at,
             time=time_record, epsilon=self._epsilon(), neighbours=kit.neighbours.changes(), safeguard=safeguard,
+            test_acc_by_split=scored.scores.test_acc_by_split, test_acc_aggregated_by_split=scored.scores.test_acc_by_split,
         )
 
 

@@ -3,7 +3,8 @@ deploys. The last scores are kept until the model changes: a round sat out score
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from p2pfl.data import NodeData
 from p2pfl.models import SplitModel
@@ -16,6 +17,7 @@ class Scores:
     test_acc: float
     test_loss: float
     val_acc: float | None
+    test_acc_by_split: Mapping[str, float] = field(default_factory=dict)  # data.extra_test_splits
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,10 @@ class Scorer:
             (test_acc, test_loss), val_acc = self.trainer.evaluate(self.model, self.data.test), None
         else:
             (test_acc, test_loss), (val_acc, _) = self.trainer.evaluate_together(self.model, [self.data.test, self.data.val])
-        return Scores(test_acc, test_loss, val_acc)
+        extra = self.data.extra_tests
+        # a pass of their own: the test and validation scores stay those of a run without them
+        by_split = {name: acc for name, (acc, _) in zip(extra, self.trainer.evaluate_together(self.model, list(extra.values())))}
+        return Scores(test_acc, test_loss, val_acc, by_split)
 
     def scored(self) -> Scored:
         scores = self.model_scores()
