@@ -4,8 +4,10 @@
 coordinate-wise robust aggregate of the own model and the peers' (`p2pfl.core.robust`), for runs
 where a peer may be poisoning; `"krum"`, `"multi_krum"` (the `keep` best, 0: n − byzantine) and
 `"bulyan"` pick models by their distances, tolerating `byzantine` bad ones among the own model
-and the peers'; with fewer models than the rule needs the node keeps its own model that round.
-FedProx inherits the options.
+and the peers'. A topology that gives a node fewer models than the rule needs (Krum and Multi-Krum
+2f + 3, Bulyan 4f + 3) is refused at launch unless `fallback = true` (ours): then, as when churn
+leaves too few at run time, the node keeps its own model that round and records `fell_back`,
+which the run's summary counts. FedProx inherits the options.
 
 `staleness = a > 0` (ours, after FedAsync's polynomial weight, Xie et al. 2019) weighs a part
 that is τ rounds old (a straggler's, taken under `runtime.accept_stale`) by (1 + τ)^-a on top of
@@ -31,7 +33,7 @@ class FedAvg(Strategy):
     folds_arrivals = True
 
     def __init__(self, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1,
-                 keep: int = 0) -> None:
+                 keep: int = 0, fallback: bool = False) -> None:
         if aggregation not in ("mean", *ROBUST_RULES):
             raise ValueError(f"aggregation must be one of {('mean', *ROBUST_RULES)}, got {aggregation!r}")
         trimmed_count(1, trim)  # the range check, before the first round
@@ -42,10 +44,21 @@ class FedAvg(Strategy):
             raise ValueError(f"staleness must be a finite exponent >= 0 (0: off), got {staleness}")
         if staleness and aggregation != "mean":
             raise ValueError(f"staleness weighs the mean; aggregation {aggregation!r} takes no weights")
-        self.aggregation, self.trim, self.staleness = aggregation, trim, staleness
+        if not isinstance(fallback, bool):
+            raise ValueError(f"fallback must be true or false, got {fallback!r}")
+        if fallback and aggregation not in SELECTION_RULES:
+            raise ValueError(f"fallback is for krum, multi_krum and bulyan, not aggregation {aggregation!r}")
+        self.aggregation, self.trim, self.staleness, self.fallback = aggregation, trim, staleness, fallback
         # A robust rule needs every model of the round at once; only the mean is summed as they arrive.
         self.folds_arrivals = aggregation == "mean"
         self._mean: RunningWeightedMean | None = None
+
+    def topology_conflict(self, models_per_node: int) -> str | None:
+        needed = models_needed(self.aggregation, self.byzantine)
+        if self.aggregation not in SELECTION_RULES or self.fallback or models_per_node >= needed:
+            return None
+        return (f"{self.aggregation} with byzantine = {self.byzantine} needs {needed} models a round (a node's own "
+                f"and {needed - 1} peers'), but the topology gives a node {models_per_node}")
 
     def configure_fetch(self, ctx: RoundContext) -> list[Fetch]:
         self._mean = None
@@ -83,9 +96,11 @@ class FedAvg(Strategy):
 
     def _select(self, ctx: RoundContext, states: list, senders: list[str]) -> None:
         """Krum, Multi-Krum or Bulyan over the own model and the peers'; the picked are recorded."""
-        if len(states) < models_needed(self.aggregation, self.byzantine):
-            ctx.artefacts.record("picked", {"too_few_models": len(states),
-                                            "needed": models_needed(self.aggregation, self.byzantine)})
+        needed = models_needed(self.aggregation, self.byzantine)
+        if len(states) < needed:
+            ctx.artefacts.record("picked", {"too_few_models": len(states), "needed": needed})
+            ctx.artefacts.record("fell_back", f"{self.aggregation} needs {needed} models, had {len(states)}: "
+                                              "kept its own model")
             return  # fewer than the rule is defined on: the own model stays
         keep = min(self.keep, len(states) - self.byzantine) if self.keep else 0
         merged, picked = selection_aggregate(states, self.aggregation, self.byzantine, keep)

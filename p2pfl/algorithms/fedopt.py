@@ -30,8 +30,8 @@ class FedOpt(FedAvg):
     kind = ""
 
     def __init__(self, server_lr: float, beta1: float, beta2: float, tau: float, aggregation: str = "mean",
-                 trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1, keep: int = 0) -> None:
-        super().__init__(aggregation, trim, staleness, byzantine, keep)
+                 trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1, keep: int = 0, fallback: bool = False) -> None:
+        super().__init__(aggregation, trim, staleness, byzantine, keep, fallback)
         self.optimizer = ServerOptimizer(self.kind, float(server_lr), float(beta1), float(beta2), float(tau))
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
@@ -55,8 +55,8 @@ class FedAvgM(FedOpt):
     name, kind = "fedavgm", "momentum"
 
     def __init__(self, server_lr: float = 1.0, momentum: float = 0.9, aggregation: str = "mean", trim: float = 0.1,
-                 staleness: float = 0.0, byzantine: int = 1, keep: int = 0) -> None:
-        super().__init__(server_lr, momentum, 0.0, 1e-9, aggregation, trim, staleness, byzantine, keep)
+                 staleness: float = 0.0, byzantine: int = 1, keep: int = 0, fallback: bool = False) -> None:
+        super().__init__(server_lr, momentum, 0.0, 1e-9, aggregation, trim, staleness, byzantine, keep, fallback)
 
 
 @register
@@ -64,8 +64,8 @@ class FedAdagrad(FedOpt):
     name, kind = "fedadagrad", "adagrad"
 
     def __init__(self, server_lr: float = 0.1, beta1: float = 0.0, tau: float = 1e-9, aggregation: str = "mean",
-                 trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1, keep: int = 0) -> None:
-        super().__init__(server_lr, beta1, 0.0, tau, aggregation, trim, staleness, byzantine, keep)
+                 trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1, keep: int = 0, fallback: bool = False) -> None:
+        super().__init__(server_lr, beta1, 0.0, tau, aggregation, trim, staleness, byzantine, keep, fallback)
 
 
 @register
@@ -74,8 +74,8 @@ class FedAdam(FedOpt):
 
     def __init__(self, server_lr: float = 0.1, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-9,
                  aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1,
-                 keep: int = 0) -> None:
-        super().__init__(server_lr, beta1, beta2, tau, aggregation, trim, staleness, byzantine, keep)
+                 keep: int = 0, fallback: bool = False) -> None:
+        super().__init__(server_lr, beta1, beta2, tau, aggregation, trim, staleness, byzantine, keep, fallback)
 
 
 @register
@@ -84,5 +84,5 @@ class FedYogi(FedOpt):
 
     def __init__(self, server_lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3,
                  aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1,
-                 keep: int = 0) -> None:
-        super().__init__(server_lr, beta1, beta2, tau, aggregation, trim, staleness, byzantine, keep)
+                 keep: int = 0, fallback: bool = False) -> None:
+        super().__init__(server_lr, beta1, beta2, tau, aggregation, trim, staleness, byzantine, keep, fallback)

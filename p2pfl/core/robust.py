@@ -14,6 +14,17 @@ distances to its n − f − 2 nearest others, f being the number of bad models 
 (El Mhamdi et al., ICML 2018; n ≥ 4f + 3) picks θ = n − 2f models by Krum one at a time, each
 from those not yet picked, then takes each coordinate as the mean of the β = θ − 2f picked
 values closest to their median. All three are unweighted, like the coordinate-wise rules.
+
+Conventions the papers leave open, taken as the references compute them (Flower's
+`flwr.server.strategy.aggregate`; tests/core/test_flower_conformance.py feeds both the same inputs):
+
+* a median of an even count is the mean of the two middle values (numpy's, Flower's
+  `aggregate_median`), in the coordinate-wise rule and in Bulyan's step alike;
+* Krum scores over at least one neighbour, max(1, n − f − 2) (Flower's `aggregate_krum`): Bulyan's
+  last picks, with 3 or fewer models left at f = 1, are still Krum's, not the lowest index;
+* squared distances are sums of squared differences in float64 (`squared_distances`), never
+  ‖a‖² + ‖b‖² − 2a·b (`torch.cdist`'s matrix-product path above 25 rows), whose rounding picks
+  another model once the models' norms are ~10⁷ times their spread.
 """
 
 from __future__ import annotations
@@ -48,12 +59,24 @@ def _flat(states: Sequence[State]) -> torch.Tensor:
     return torch.stack([torch.cat([s[k].detach().reshape(-1).double().cpu() for k in keys]) for s in states])
 
 
+def squared_distances(flat: torch.Tensor) -> torch.Tensor:
+    """(n, n): each pair of rows' squared distance, summed from their difference (exact to the
+    rounding of each term, whatever the rows' norms)."""
+    return torch.stack([(flat - row).pow(2).sum(dim=1) for row in flat])
+
+
+def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
+    """The median over dim 0: the middle value, or the mean of the two middle values of an even count."""
+    n = stacked.shape[0]
+    return stacked.sort(dim=0).values[(n - 1) // 2: n // 2 + 1].mean(dim=0)
+
+
 def krum_scores(flat: torch.Tensor, byzantine: int) -> torch.Tensor:
-    """Each row's Krum score: the sum of its squared distances to its n − f − 2 nearest other rows."""
+    """Each row's Krum score: the sum of its squared distances to its max(1, n − f − 2) nearest other rows."""
     n = flat.shape[0]
-    squared = torch.cdist(flat, flat).pow(2)
+    squared = squared_distances(flat)
     squared.fill_diagonal_(math.inf)
-    nearest = n - byzantine - 2
+    nearest = min(max(1, n - byzantine - 2), n - 1)
     return squared.sort(dim=1).values[:, :nearest].sum(dim=1)
 
 
@@ -67,7 +90,7 @@ def bulyan_select(flat: torch.Tensor, byzantine: int) -> list[int]:
     """Bulyan's θ = n − 2f rows, each the Krum pick of the rows not yet picked."""
     left, picked = list(range(flat.shape[0])), []
     for _ in range(flat.shape[0] - 2 * byzantine):
-        [chosen] = krum_select(flat[left], byzantine) if len(left) >= 3 + byzantine else [0]
+        [chosen] = krum_select(flat[left], byzantine)
         picked.append(left.pop(chosen))
     return sorted(picked)
 
@@ -104,7 +127,7 @@ def selection_aggregate(states: Sequence[State], rule: str, byzantine: int = 1, 
             continue
         stacked = torch.stack([states[i][k].detach().to(first.device, torch.float64) for i in picked])
         if rule == "bulyan":  # per coordinate: the β values closest to the median of the picked ones
-            median = stacked.median(dim=0).values
+            median = coordinate_median(stacked)
             closest = (stacked - median).abs().argsort(dim=0, stable=True)[:beta]
             stacked = stacked.gather(0, closest)
         out[k] = stacked.mean(dim=0).to(first.dtype)
@@ -131,10 +154,8 @@ def robust_aggregate(states: Sequence[State], rule: str, trim: float = 0.1) -> d
             out[k] = first.detach().clone()
             continue
         stacked = torch.stack([s[k].detach().to(first.device, torch.float64) for s in states])
-        ordered = stacked.sort(dim=0).values
         if rule == "median":
-            middle = ordered[(n - 1) // 2: n // 2 + 1]  # one value for odd n, the two middle for even n
+            out[k] = coordinate_median(stacked).to(first.dtype)
         else:
-            middle = ordered[cut: n - cut]
-        out[k] = middle.mean(dim=0).to(first.dtype)
+            out[k] = stacked.sort(dim=0).values[cut: n - cut].mean(dim=0).to(first.dtype)
     return out

@@ -180,6 +180,12 @@ class Strategy:
         """Why this strategy, as configured, cannot run under privacy `mode` (None: it can)."""
         return None
 
+    def topology_conflict(self, models_per_node: int) -> str | None:
+        """Why this strategy, as configured, cannot run where the topology gives some node at most
+        `models_per_node` models a round, its own included (None: it can). Checked at launch; a
+        strategy that falls back at run time instead (churn) records `fell_back` in its artefacts."""
+        return None
+
     def extra_parts(self, model: SplitModel) -> dict[str, PartDecl]:
         """Parts besides the model's own this node may receive (the coordinator's replies, setup
         parts), with the spec and metadata schema each is checked against on arrival."""

@@ -174,6 +174,7 @@ def summarize_run(results: Mapping[str, Any]) -> dict[str, Any]:
         "epsilon": results["summary"].get("max_epsilon"),
         "wall_s": results["summary"]["wall_s"],
         "defences": active_defences(results.get("scenario") or {}),
+        "fell_back": (results["summary"].get("fell_back") or {}).get("node_rounds", 0),
         # From the nodes' rounds, so that runs made before the summary kept it are checked too.
         "unanswered_share": download_health(nodes)["unanswered_share_second_half"],
         # Mean over nodes of the federated model's validation accuracy after the last round's
@@ -353,6 +354,14 @@ def format_table(rows: Mapping[str, list[dict[str, Any]]], baseline: str | None 
         lines.append("Runtime defences on in these runs, beside the algorithm: " + "; ".join(
             f"`{md_cell(label)}`: {' + '.join(on)}" for label, on in defended.items())
                      + " (runtime.update_bound, runtime.max_weight_ratio; off in a simulation unless the scenario sets them).")
+    short = {label: sum(r.get("fell_back") or 0 for r in runs) for label, runs in rows.items()}
+    short = {label: count for label, count in short.items() if count}
+    if short:
+        lines.append("")
+        lines.append("**Warning**: rows whose strategy fell back (a robust rule with too few models kept the node's "
+                     "own model): " + "; ".join(f"`{md_cell(label)}` in {count} node-rounds over its seeds"
+                                                for label, count in short.items())
+                     + ". Those rounds did not run the named rule.")
     note = per_node_test_note(rows)
     if note:
         lines.append("")

@@ -126,6 +126,28 @@ def degraded_warning(degraded: Mapping[str, list[int]]) -> str | None:
             "their logs name the peers that did not answer")
 
 
+def fell_back(nodes: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Node-rounds in which the strategy fell back (`fell_back` in its round artefacts: a robust
+    rule with too few models kept the node's own), their count per node and the first reason."""
+    counts: dict[str, int] = {}
+    reason = None
+    for n in nodes:
+        for r in n.get("rounds", []):
+            why = (r.get("strategy") or {}).get("fell_back")
+            if why:
+                counts[n["id"]] = counts.get(n["id"], 0) + 1
+                reason = reason or str(why)
+    return {"node_rounds": sum(counts.values()), "nodes": counts, "reason": reason} if counts else {}
+
+
+def fallback_warning(fallbacks: Mapping[str, Any], node_rounds: int) -> str | None:
+    if not fallbacks:
+        return None
+    return (f"warning: the strategy fell back in {fallbacks['node_rounds']} of {node_rounds} node-rounds "
+            f"({fallbacks['reason']}; nodes: {', '.join(sorted(fallbacks['nodes']))}): those rounds did not run "
+            "the named rule; the round records' `strategy.fell_back` say which")
+
+
 def refusal_warning(refused: Mapping[str, int]) -> str | None:
     """A line naming the peers whose parts were refused, or None."""
     if not refused:
@@ -240,6 +262,7 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         "peers_refused": refused_peers(nodes),
         "peers_bounded": refused_peers(nodes, "peers_bounded"),
         "peers_bounded_far": far_bounded_peers(nodes),
+        "fell_back": fell_back(nodes),
     }
     if coordinator is not None and coordinator.get("rounds"):
         held = [r.get("held_out_acc") for r in coordinator["rounds"] if r.get("held_out_acc") is not None]
@@ -365,6 +388,8 @@ def active_defences(scenario: Mapping[str, Any]) -> list[str]:
         on.append(f"bound {runtime['update_bound']:g}")
     if runtime.get("max_weight_ratio", 4.0):  # a run stored before the field was recorded capped at 4
         on.append(f"weight cap {runtime.get('max_weight_ratio', 4.0):g}")
+    if ((scenario.get("algorithm") or {}).get("params") or {}).get("fallback"):
+        on.append("own model where too few models arrive")
     return on
 
 
@@ -416,7 +441,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
     node_rounds = sum(1 for n in results["nodes"] for r in n.get("rounds", []) if r.get("participated", True))
     for warning in (download_warning(s["downloads"]), refusal_warning(s.get("peers_refused") or {}),
                     bounded_warning(s.get("peers_bounded") or {}, node_rounds, s.get("peers_bounded_far")),
-                    degraded_warning(s.get("nodes_degraded") or {})):
+                    degraded_warning(s.get("nodes_degraded") or {}), fallback_warning(s.get("fell_back") or {}, node_rounds)):
         if warning is not None:
             lines.append(warning)
     return "\n".join(lines)

@@ -384,6 +384,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     conflict = strategy.privacy_conflict(privacy.mode)
     if conflict:
         raise ConfigError("privacy.mode", f"{algo_name}: {conflict}")
+    check_topology_needs(strategy, algo_name, Topology.parse(runtime.topology), nodes, seed)
     if safeguard and global_step:
         raise ConfigError("algorithm.safeguard", f"{algo_name} trains one global model with its coordinator; the "
                                                  "safeguard is for personalized (serverless) algorithms")
@@ -400,6 +401,33 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
                                    "its peers (Strategy.setup_for_joiners)")
     return Scenario(name, nodes, seed, rounds, device, data, model, algorithm, train, runtime, privacy, attack,
                     churn, tuple(sorted(plugins)), raw=dict(raw))
+
+
+def check_topology_needs(strategy: Any, algo_name: str, topology: Topology, nodes: int, seed: int) -> None:
+    """A ConfigError, naming the smallest topology that works, where `topology` gives some node
+    fewer models a round than the strategy needs (`Strategy.topology_conflict`)."""
+    from p2pfl.runtime.strategy import Strategy, overrides
+
+    if not overrides(strategy, Strategy, "topology_conflict"):
+        return
+    fewest = 1 + (nodes - 1 if topology.kind == "full" else min(map(len, topology.neighbours(nodes, seed))))
+    conflict = strategy.topology_conflict(fewest)
+    if conflict is None:
+        return
+    degree = next((d for d in range(fewest, 10 * nodes + 2) if strategy.topology_conflict(d + 1) is None), None)
+    if degree is None:
+        works = "no topology gives enough"
+    elif degree >= nodes:
+        works = f"the smallest federation that works is {degree + 1} nodes with runtime.topology = \"full\""
+    elif degree == nodes - 1:
+        works = "the smallest topology that works is runtime.topology = \"full\""
+    else:
+        even = degree if nodes * degree % 2 == 0 else degree + 1
+        works = (f"the smallest topology that works is runtime.topology = \"regular:{even}\""
+                 if even < nodes - 1 else "the smallest topology that works is runtime.topology = \"full\"")
+    raise ConfigError("algorithm.params.aggregation",
+                      f"{algo_name}: {conflict} ({topology} on {nodes} nodes); {works}, or set "
+                      "algorithm.params.fallback = true to keep a node's own model in rounds with too few")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -28,7 +28,7 @@ def krum_by_hand(vectors: list[list[float]], f: int, m: int = 1) -> list[int]:
     scores = []
     for i in range(n):
         others = sorted(squared(vectors[i], vectors[j]) for j in range(n) if j != i)
-        scores.append(sum(others[: n - f - 2]))
+        scores.append(sum(others[: max(1, n - f - 2)]))  # at least one neighbour, as Flower's aggregate_krum
     return sorted(sorted(range(n), key=lambda i: (scores[i], i))[:m])
 
 
@@ -36,13 +36,14 @@ def bulyan_by_hand(vectors: list[list[float]], f: int) -> list[float]:
     left, picked = list(range(len(vectors))), []
     for _ in range(len(vectors) - 2 * f):
         sub = [vectors[i] for i in left]
-        choice = krum_by_hand(sub, f)[0] if len(left) >= f + 3 else 0
+        choice = krum_by_hand(sub, f)[0]  # Krum down to the last pick
         picked.append(left.pop(choice))
     beta = len(picked) - 2 * f
     out = []
     for c in range(len(vectors[0])):
         values = sorted(vectors[i][c] for i in picked)
-        median = values[(len(values) - 1) // 2]  # torch's median: the lower middle
+        middle = values[(len(values) - 1) // 2: len(values) // 2 + 1]
+        median = sum(middle) / len(middle)  # numpy's median: the mean of the two middles of an even count
         closest = sorted(values, key=lambda v: abs(v - median))[:beta]
         out.append(sum(closest) / beta)
     return out
