@@ -46,12 +46,22 @@ def run_accuracy(run: Path, reading: str, which: str) -> float:
     return 100 * statistics.fmean(node_accuracy(n["rounds"][-1], reading, which) for n in nodes)
 
 
+def row_runs(folder: Path) -> dict[str, list[Path]] | None:
+    """Row -> its run folders: compare.json's once the compare ended, plan.json's while it runs."""
+    if (folder / "compare.json").is_file():
+        return compare_row_runs(folder)
+    if (folder / "plan.json").is_file():
+        plan = json.loads((folder / "plan.json").read_text())
+        return {row: [folder / run for run in runs] for row, runs in plan["runs"].items()}
+    return None
+
+
 def cells(folder: Path) -> list[dict]:
     out = []
     for partition in ("dirichlet", "pathological"):
-        if not (folder / partition / "compare.json").is_file():
+        runs = row_runs(folder / partition)
+        if runs is None:
             continue
-        runs = compare_row_runs(folder / partition)
         for reading in TEST_SPLITS:
             for paper_row, row, which in ROWS:
                 done = [run for run in runs.get(row, []) if (run / "results.json").is_file()]

@@ -2,7 +2,10 @@
 and after it ended, and the page of a compare folder.
 
     python benchmarks/dashboard_screenshots.py [--scenario scenarios/quickstart.toml]
-        [--set rounds=30 ...] [--compare runs/poison/clean_b1] [--out docs]
+        [--set rounds=30 ...] [--compare runs/poison/clean_b1] [--kill node-1] [--out docs]
+
+`--kill NODE` sends SIGKILL to that node's process (RUN/pids.json) once the "during" picture is
+taken, and pictures the live page once it shows the node crashed (dashboard_killed.png).
 
 The run goes to runs/dashboard_screenshots (replaced). The "during" picture is taken once
 `--during` of the node-rounds are done, while the nodes still train. Needs a headless Chromium
@@ -13,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -66,6 +71,7 @@ def main() -> None:
                         help="scenario overrides (default: rounds=30, so that the run lasts past a screenshot)")
     parser.add_argument("--during", type=float, default=0.4, help="share of node-rounds done for the 'during' picture")
     parser.add_argument("--compare", type=Path, default=None, help="a compare folder to picture as well")
+    parser.add_argument("--kill", default=None, help="a node to kill -9 after the 'during' picture")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -80,7 +86,11 @@ def main() -> None:
                             *[a for o in overrides for a in ("--set", o)]])
     _wait(live_port, lambda s: s["progress"]["done"] >= args.during * s["progress"]["total"], 1800)
     screenshot(chromium, live_port, args.out / "dashboard_during.png", 2300)
-    if run.wait() != 0:
+    if args.kill is not None:
+        os.kill(json.loads((run_dir / "pids.json").read_text())[args.kill], signal.SIGKILL)
+        _wait(live_port, lambda s: any(n["id"] == args.kill and n["status"] == "crashed" for n in s["nodes"]), 300)
+        screenshot(chromium, live_port, args.out / "dashboard_killed.png", 2300)
+    if run.wait() != 0 and args.kill is None:
         raise SystemExit(f"the run failed (exit {run.returncode}); see {run_dir / 'logs'}")
     server = serve(run_dir, page_port)
     try:

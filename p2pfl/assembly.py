@@ -306,6 +306,8 @@ def run_node(config: NodeConfig, resume: bool = False, together: bool = False, j
 def _hosting(configs: Sequence[NodeConfig], resume: bool, together: bool = False,
              join: bool = False, members: Mapping[str, FederationMember] | None = None) -> list[dict[str, Any]]:
     """Run the nodes; a port already taken is one line and exit 2 (an empty result), not a traceback."""
+    for config in configs:  # running again (--resume): no longer the process the launcher saw die
+        RunFolder(config.out).node_exit(config.id).unlink(missing_ok=True)
     try:
         # Machine lines for whoever reads this process's stdout (the launcher, a pipe); a person
         # at a terminal reads the per-round log lines instead.

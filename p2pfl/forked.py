@@ -9,6 +9,8 @@ exit status; its progress lines go to this process's stdout (one write each, so 
 different children never mix), which the launcher reads. The parent runs no torch operation
 before forking (a thread pool started before fork would be lost in the children), forwards
 SIGTERM to its children, leaves Ctrl-C to reach them from the terminal, and exits with the worst of their statuses once all have ended.
+While they run, RUN/pids.json names each child's pid; each child that ends is one line on stdout
+(`EXIT_PREFIX`, its id and exit status), so the launcher knows each node's own status at once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import p2pfl.assembly  # noqa: F401  (imported once, before any fork: the point 
 from p2pfl.hosting import tie_to_parent
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.status import EXIT_PREFIX
 
 
 def _child(path: Path, run: Callable[[Path], int]) -> int:
@@ -80,6 +83,10 @@ def run_forked(config_paths: Sequence[Path], node: Callable[[Path], int]) -> int
             except ProcessLookupError:
                 pass
 
+    folder = RunFolder(load_node_config(config_paths[0]).out) if config_paths else None
+    running = {name: pid for pid, name in children.items()}
+    if folder is not None:
+        folder.write_pids(running)
     signal.signal(signal.SIGTERM, forward)
     # Ctrl-C at a terminal reaches every child itself (one process group): passed on as well, a
     # child would be interrupted twice, the second time in its clean-up.
@@ -90,7 +97,13 @@ def run_forked(config_paths: Sequence[Path], node: Callable[[Path], int]) -> int
             pid, status = os.wait()
         except ChildProcessError:
             break
-        children.pop(pid, None)
+        name = children.pop(pid, None)
         code = os.waitstatus_to_exitcode(status)
         worst = max(worst, code if code >= 0 else 128 - code)
+        if name is not None:
+            running.pop(name, None)
+            if folder is not None:
+                folder.write_pids(running)
+            sys.stdout.write(EXIT_PREFIX + json.dumps({"id": name, "code": code}) + "\n")
+            sys.stdout.flush()
     return worst

@@ -40,6 +40,10 @@ def tie_to_parent() -> None:
 
 
 class Hosting(Protocol):
+    # Set by the launcher before `start`: told of each node whose process ends, with its exit
+    # status (< 0: the signal), as it ends.
+    on_exit: Callable[[str, int], None] | None
+
     def addresses(self, ids: Sequence[str], coordinator: bool) -> dict[str, tuple[str, int]] | None:
         """id -> (host, port) where each node (and the coordinator) will listen; None: free ports
         on `runtime.host` of this machine."""

@@ -13,7 +13,9 @@ from pathlib import Path
 from p2pfl.hosting import FORKED, RESUME_TOGETHER, Hosts, Progress, node_env, tie_to_parent
 from p2pfl.hosting.warm import take
 from p2pfl.runtime.run_folder import RunFolder
-from p2pfl.runtime.status import PROGRESS_PREFIX
+from p2pfl.runtime.status import EXIT_PREFIX, PROGRESS_PREFIX
+
+OnExit = Callable[[str, int], None]  # a node's process ended: its id and exit status (< 0: the signal)
 
 
 # Every process `spawn` started and not yet reaped: their pipes must close while the loop runs.
@@ -50,18 +52,51 @@ async def spawn(args: Sequence[str], log_path: Path, threads: int, *,
     return proc
 
 
-async def exit_after_progress(proc: asyncio.subprocess.Process, tick: Callable[[], None]) -> int:
-    """Tick once per progress line `proc` prints (a round a node finished); then its exit status."""
+def read_line(line: bytes, tick: Callable[[], None], ended: OnExit | None) -> None:
+    """A line of a node process's stdout: a round done (tick), or one of a forking parent's nodes ended."""
+    text = line.decode(errors="replace")
+    if text.startswith(PROGRESS_PREFIX):
+        tick()
+    elif text.startswith(EXIT_PREFIX) and ended is not None:
+        try:
+            node = json.loads(text[len(EXIT_PREFIX):])
+            ended(str(node["id"]), int(node["code"]))
+        except (ValueError, KeyError, TypeError):
+            pass  # a torn line: the process's own exit status still covers the node
+
+
+async def exit_after_progress(proc: asyncio.subprocess.Process, tick: Callable[[], None],
+                              ended: OnExit | None = None) -> int:
+    """Tick once per progress line `proc` prints (a round a node finished), tell `ended` of each
+    node a forking parent reports ended; then the process's exit status."""
     assert proc.stdout is not None
     async for line in proc.stdout:
-        if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
-            tick()
+        read_line(line, tick, ended)
     return await proc.wait()
 
 
-async def follow(proc: asyncio.subprocess.Process, nodes: list[str], tick: Callable[[], None]) -> dict[str, int]:
-    """The exit status of `proc`, which covers all of `nodes`, ticking on its progress lines."""
-    return dict.fromkeys(nodes, await exit_after_progress(proc, tick))
+def own_statuses(nodes: list[str], reported: dict[str, int], code: int, ended: OnExit | None) -> dict[str, int]:
+    """Each node's exit status: the one its forking parent reported, else its process's (which
+    then covers every node it hosted); `ended` hears of those not reported yet."""
+    for node in nodes:
+        if node not in reported:
+            reported[node] = code
+            if ended is not None:
+                ended(node, code)
+    return {node: reported[node] for node in nodes}
+
+
+async def follow(proc: asyncio.subprocess.Process, nodes: list[str], tick: Callable[[], None],
+                 ended: OnExit | None = None) -> dict[str, int]:
+    """Each of `nodes`' exit status, ticking on `proc`'s progress lines."""
+    reported: dict[str, int] = {}
+
+    def heard(node: str, code: int) -> None:
+        reported[node] = code
+        if ended is not None:
+            ended(node, code)
+
+    return own_statuses(nodes, reported, await exit_after_progress(proc, tick, heard), ended)
 
 
 class ProcessHosting:
@@ -69,6 +104,7 @@ class ProcessHosting:
         """`fork`: one process (`p2pfl forked`) imports torch and the node's code, then forks
         each node's process from itself; else each node is a fresh interpreter (`p2pfl node`)."""
         self.torch_threads, self.fork = torch_threads, fork
+        self.on_exit: OnExit | None = None  # the launcher's: told of each node's process as it ends
 
     def plan(self, node_paths: list[Path]) -> dict[str, list[Path]]:
         """Process name -> the node configs it runs: here, one node each (all under one forking
@@ -92,12 +128,24 @@ class ProcessHosting:
         warm = take() if self.fork else None
         if warm is not None:  # started before the scenario's checks: its imports are done by now
             return await self._hand_over(warm, out, node_paths, resume, tick)
+        folder, pids = RunFolder(out), {}  # a forking parent writes its children's pids itself
+
+        def ended(node: str, code: int) -> None:
+            if pids.pop(node, None) is not None:
+                folder.write_pids(pids)
+            if self.on_exit is not None:
+                self.on_exit(node, code)
+
         for name, paths in self.plan(node_paths).items():
             command = FORKED if name == FORKED else "node" if len(paths) == 1 and name == paths[0].stem else "worker"
             args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + RESUME_TOGETHER * resume
-            procs[name] = await spawn(args, RunFolder(out).log(name), self.torch_threads)
+            procs[name] = await spawn(args, folder.log(name), self.torch_threads)
             nodes = [p.stem for p in paths]
-            hosts[name] = (nodes, follow(procs[name], nodes, tick))
+            if command != FORKED:
+                pids.update(dict.fromkeys(nodes, procs[name].pid))
+            hosts[name] = (nodes, follow(procs[name], nodes, tick, ended))
+        if pids:
+            folder.write_pids(pids)
 
         def kill() -> None:
             for p in procs.values():
@@ -121,18 +169,24 @@ class ProcessHosting:
             if warm.poll() is None:
                 warm.kill()
 
+        reported: dict[str, int] = {}
+
+        def heard(node: str, code: int) -> None:
+            reported[node] = code
+            if self.on_exit is not None:
+                self.on_exit(node, code)
+
         async def followed() -> dict[str, int]:
             try:
                 async for line in reader:
-                    if line.decode(errors="replace").startswith(PROGRESS_PREFIX):
-                        tick()
+                    read_line(line, tick, heard)
                 code = await asyncio.to_thread(warm.wait)
             except asyncio.CancelledError:
                 kill()  # a stopped run: its nodes go before the pipe they write their progress to
                 raise
             finally:
                 transport.close()
-            return dict.fromkeys((p.stem for p in node_paths), code)
+            return own_statuses([p.stem for p in node_paths], reported, code, self.on_exit)
 
         return {FORKED: ([p.stem for p in node_paths], followed())}, kill
 

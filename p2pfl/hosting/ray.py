@@ -254,6 +254,7 @@ class RayHosting:
         self.ray = connect(ray_address)
         self.workers_asked, self.torch_threads = workers, torch_threads
         self.workers: RayWorkers | None = None
+        self.on_exit: Callable[[str, int], None] | None = None
 
     def addresses(self, ids: Sequence[str], coordinator: bool) -> dict[str, tuple[str, int]]:
         self.workers = RayWorkers.start(self.ray, ids, self.workers_asked, self.torch_threads)
@@ -275,8 +276,13 @@ class RayHosting:
                 answer = await futures[name]
             except Exception as exc:  # the actor died (or its host did): its nodes have no results
                 print(f"{name} on Ray failed: {exc!r}", file=sys.stderr)
-                return dict.fromkeys(workers.shares[name], -9)
-            return workers.collect(out, name, answer)
+                codes = dict.fromkeys(workers.shares[name], -9)
+            else:
+                codes = workers.collect(out, name, answer)
+            for node, code in codes.items():
+                if self.on_exit is not None:
+                    self.on_exit(node, code)
+            return codes
 
         async def poll() -> None:
             while not all(f.done() for f in futures.values()):

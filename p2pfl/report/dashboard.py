@@ -32,6 +32,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
+from p2pfl.scenario.deaths import read_death
 from p2pfl.scenario.results import format_summary
 from p2pfl.scenario.trust import run_trust, trust_places
 from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, accuracies
@@ -210,8 +211,10 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             ended_walls[nid] = _finite(result.get("wall_s"))
         if not rounds and result:  # a node that kept no round log (a run from before it, or a Ray worker's)
             rounds = [r for r in result.get("rounds") or [] if isinstance(r, dict) and type(r.get("round")) is int]
-        status = str(result.get("status")) if result else ("running" if rounds else "starting")
-        error = result.get("error") if result else None
+        death = None if result else read_death(folder.root, nid)  # its process died and it was not resumed
+        status = str(result.get("status")) if result else "crashed" if death else ("running" if rounds else "starting")
+        error = result.get("error") if result else (f"{death['cause']} after round {death['after_round']}; resume "
+                                                    f"it: {death['resume']}" if death else None)
         raw.append({"id": nid, "rounds": rounds})
         # A sat-out round's own `test_acc` is the held aggregate; the curve shows the latest training.
         trained = accuracies(rounds, TEST_ACC)
@@ -235,7 +238,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         for node in nodes:
             if node["status"] == "starting" and not folder.log(node["id"]).is_file():
                 node["status"] = ELSEWHERE
-    ended_badly = [n for n in nodes if n["error"] or n["status"] in ("failed", "isolated", "stopped")]
+    ended_badly = [n for n in nodes if n["error"] or n["status"] in ("failed", "isolated", "stopped", "crashed")]
     shown = ended_badly + [n for n in nodes if n not in ended_badly][:max(0, LOG_NODES - len(ended_badly))]
     for node in shown:
         node["log"] = log_tail(folder.log(node["id"]))

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report")
+ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report", "pids.json")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,23 @@ class RunFolder:
     def node_rounds(self, node_id: str) -> Path:
         """One JSON line per finished round, appended as the node goes (what a live view reads)."""
         return self.root / "nodes" / f"{node_id}.rounds.jsonl"
+
+    @property
+    def pids(self) -> Path:
+        """Node id -> the pid of the process running it, while it runs (`write_pids`)."""
+        return self.root / "pids.json"
+
+    def node_exit(self, node_id: str) -> Path:
+        """How a node's process died without writing its result (the launcher's record; the
+        node removes it when it starts again, `--resume`)."""
+        return self.root / "nodes" / f"{node_id}.exit.json"
+
+    def write_pids(self, pids: Mapping[str, int]) -> None:
+        """The running nodes' pids, replacing the file (none left: removed)."""
+        if pids:
+            write_json_atomic(self.pids, dict(sorted(pids.items())))
+        else:
+            self.pids.unlink(missing_ok=True)
 
     def checkpoint(self, node_id: str) -> Path:
         return self.root / "checkpoints" / f"{node_id}.p2pfl"

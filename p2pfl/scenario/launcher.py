@@ -35,7 +35,8 @@ from p2pfl.runtime.topology import Topology
 from p2pfl.hosting import Hosting, hosting_for
 from p2pfl.hosting.ports import free_ports
 from p2pfl.hosting.process import reap, spawn
-from p2pfl.scenario.results import STOPPED, failure_lines, format_summary, write_results
+from p2pfl.scenario.deaths import Deaths
+from p2pfl.scenario.results import ENDED_BADLY, STOPPED, failure_lines, format_summary, write_results
 from p2pfl.scenario.schema import (Scenario, apply_overrides, load_scenario, read_raw, scenario_differences,
                                    scenario_from_dict, stored_as_made)
 from p2pfl.runtime.settings import DEPLOYED_DEFENCES
@@ -132,6 +133,8 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
         bar.update(max(0, done - bar.n))
 
     kill_hosts: Callable[[], None] = lambda: None
+    # A node that dies is named at once, above the bar (shown or not).
+    hosting.on_exit = Deaths(out, scenario.rounds, lambda line: bar.write(line, file=sys.stderr)).heard
     try:
         hosts, kill_hosts = await hosting.start(out, node_paths, resume, advance)
         tasks = {name: asyncio.ensure_future(run) for name, (_, run) in hosts.items()}
@@ -297,7 +300,11 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
         print(f"results: {RunFolder(out).results}")
     # A worker's exit status covers all its nodes, and a node can end badly with exit 0 (a result
     # written elsewhere): both count.
-    failed = sorted({name for name, code in codes.items() if code != 0} | set(results["summary"]["nodes_failed"]))
+    # A node whose process died but that ended well when resumed by hand keeps its exit status
+    # in the results, and is not failed.
+    ended_well = {n["id"] for n in results["nodes"] if n.get("status") not in (*ENDED_BADLY, "stopped")}
+    failed = sorted({name for name, code in codes.items() if code != 0 and name not in ended_well}
+                    | set(results["summary"]["nodes_failed"]))
     if failed and not quiet:
         print(f"FAILED: {', '.join(failed)} (logs in {out / 'logs'})", file=sys.stderr)
         for line in failure_lines(results, out):

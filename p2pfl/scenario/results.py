@@ -13,6 +13,7 @@ from typing import Any
 
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.status import ENDED_BADLY
+from p2pfl.scenario.deaths import read_death
 from p2pfl.scenario.membership import has_churn, membership_timeline
 from p2pfl.runtime.peer_claims import FAR_BOUND_FACTOR
 from p2pfl.scenario.trust import run_trust
@@ -220,6 +221,11 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
             by_round = {r["round"]: r for r in read_records(RunFolder(out).node_rounds(nid), ("round",))}
             result = {"id": nid, "status": "stopped", "error": "stopped before its last round (Ctrl-C or SIGTERM); "
                       "--resume goes on from its last checkpoint", "rounds": [by_round[r] for r in sorted(by_round)],
+                      "final_test_acc": None}
+        elif (death := read_death(out, nid)) is not None:  # named by the launcher as it died
+            by_round = {r["round"]: r for r in read_records(RunFolder(out).node_rounds(nid), ("round",))}
+            result = {"id": nid, "status": "failed", "error": f"{death['cause']} after round {death['after_round']}; "
+                      f"resume it: {death['resume']}", "rounds": [by_round[r] for r in sorted(by_round)],
                       "final_test_acc": None}
         else:
             result = {"id": nid, "status": "failed", "error": f"no result file (exit code {exit_codes.get(nid)})",

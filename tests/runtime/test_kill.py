@@ -239,3 +239,68 @@ def test_a_node_whose_progress_reader_is_gone_goes_on(monkeypatch):
         batched = BatchedProgress(stream)
         batched({"id": "node-1", "round": 4})
         batched.flush()
+
+
+def test_a_node_killed_during_run_is_named_at_once_and_keeps_its_own_exit_status(tmp_path):
+    """Issue 67, item 2. Before: nothing until the end, then `FAILED` for every node, each
+    `exit_code` 137, the dead node's last log line as the cause, the dashboard `running` for ever,
+    and no pid in the run folder."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from p2pfl.report.dashboard import dashboard_state
+
+    rounds = 8
+    scenario = write_tiny(tmp_path, nodes=3, rounds=rounds, samples=40, timeout=3.0)
+    out = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(out), "--no-progress"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    named: list[tuple[str, bool, list[int]]] = []  # the line, whether the run still ran, survivors' rounds then
+    lines: list[str] = []
+
+    def survivors_rounds() -> list[int]:
+        return [(out / "nodes" / f"node-{i}.rounds.jsonl").read_text().count("\n") for i in (0, 2)]
+
+    def read() -> None:
+        assert launcher.stderr is not None
+        for line in launcher.stderr:
+            lines.append(line)
+            if "node-1 died" in line:
+                named.append((line, launcher.poll() is None, survivors_rounds()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        victim_rounds = out / "nodes" / "node-1.rounds.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (victim_rounds.is_file() and victim_rounds.read_text().count("\n") >= 2
+                                                   and (out / "pids.json").is_file()):
+            time.sleep(0.05)
+        pids = json.loads((out / "pids.json").read_text())
+        assert set(pids) == {"node-0", "node-1", "node-2"} and len(set(pids.values())) == 3  # each node's own process
+        killed_after = victim_rounds.read_text().count("\n")
+        rounds_at_kill = survivors_rounds()
+        os.kill(pids["node-1"], signal.SIGKILL)
+        launcher.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert named, "".join(lines)[-3000:]
+    line, still_running, rounds_then = named[0]
+    assert still_running and f"(killed by SIGKILL) after round {killed_after} of {rounds}" in line
+    assert f"p2pfl node {out / 'nodes' / 'node-1.toml'} --resume" in line
+    assert all(then <= at + 2 for then, at in zip(rounds_then, rounds_at_kill))  # named within a round or so
+    results = json.loads((out / "results.json").read_text())
+    codes = {n["id"]: n["exit_code"] for n in results["nodes"]}
+    assert codes == {"node-0": 0, "node-1": -9, "node-2": 0}
+    victim = next(n for n in results["nodes"] if n["id"] == "node-1")
+    assert victim["status"] == "failed" and "killed by SIGKILL" in victim["error"]
+    assert len(victim["rounds"]) == killed_after  # what it did before it died is kept
+    assert not (out / "pids.json").exists()  # nothing runs any more
+    failed_line = next(li for li in lines if li.startswith("FAILED"))
+    assert failed_line.startswith("FAILED: node-1 ")  # not the survivors
+    state = dashboard_state(out)
+    assert {n["id"]: n["status"] for n in state["nodes"]}["node-1"] == "crashed"
