@@ -423,16 +423,32 @@ def dashboard_app(folder: Path, min_age_s: float = 1.0, served: str = "127.0.0.1
     return app
 
 
-async def start_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050) -> web.AppRunner:
-    """Serve the page for `folder` on this event loop; `await runner.cleanup()` stops it."""
+def check_port_free(host: str, port: int, option: str = "--dashboard") -> None:
+    """A ConfigError naming `option` where `port` is taken: checked before a run writes its folder,
+    so that the retry on another port is not refused as a folder already holding a run."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp listens: a TIME_WAIT is no owner
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(option, f"cannot serve on {host}:{port}: {exc.strerror or exc}; pick another port") \
+                from None
+
+
+async def start_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050,
+                          option: str = "--dashboard") -> web.AppRunner:
+    """Serve the page for `folder` on this event loop; `await runner.cleanup()` stops it. A port
+    that cannot be served is a ConfigError naming `option`, the command line's name for it."""
     runner = web.AppRunner(dashboard_app(folder, served=host), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
     except OSError as exc:
         await runner.cleanup()
-        raise ConfigError("--dashboard", f"cannot serve on {host}:{port}: {exc.strerror or exc}; "
-                                         "pick another port") from None
+        raise ConfigError(option, f"cannot serve on {host}:{port}: {exc.strerror or exc}; pick another port") from None
     return runner
 
 
@@ -440,6 +456,7 @@ def live_dashboard(port: int, host: str = "127.0.0.1") -> Callable[[Path], Abstr
     """The dashboard as a run's live view (`run_scenario(..., live_view=live_dashboard(8050))`):
     served on `port` while the run goes on (`p2pfl run --dashboard` then serves it on until Ctrl-C)."""
     plotly_bundle()  # a missing extra is said before the run starts, not after
+    check_port_free(host, port)  # and a port taken, before the run writes its folder
 
     @asynccontextmanager
     async def serving(run_dir: Path) -> AsyncIterator[None]:
@@ -456,7 +473,7 @@ def live_dashboard(port: int, host: str = "127.0.0.1") -> Callable[[Path], Abstr
 def serve_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050, *, after_run: bool = False) -> None:
     """`p2pfl dashboard` (and `p2pfl run --dashboard` once its run ended): serve until Ctrl-C."""
     async def forever() -> None:
-        runner = await start_dashboard(folder, host, port)
+        runner = await start_dashboard(folder, host, port, "--dashboard" if after_run else "--port")
         what = "the finished run" if after_run else str(folder)
         print(f"dashboard of {what}: http://{host}:{port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
         try:

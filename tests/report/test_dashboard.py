@@ -502,3 +502,30 @@ def test_finding_10_the_dashboard_refuses_a_host_it_does_not_serve(tmp_path: Pat
             return ok.status, evil.status
 
     assert asyncio.run(ask()) == (200, 421)
+
+
+def test_a_busy_dashboard_port_leaves_no_run_folder_and_each_command_names_its_own_option(tmp_path: Path) -> None:
+    """Issue 67, item 6. Before: the run folder was written before the port was tried, so the
+    retry on another port was refused ("already holds a run ... --force"); `p2pfl dashboard
+    --port` named `--dashboard` in its error."""
+    import asyncio
+    import socket
+
+    from tests.runtime.helpers import write_tiny
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out = tmp_path / "run"
+        proc = subprocess.run([sys.executable, "-m", "p2pfl", "run", str(write_tiny(tmp_path, nodes=2, rounds=1)),
+                               "--out", str(out), "--dashboard", str(port), "--no-progress"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "--dashboard" in proc.stderr and str(port) in proc.stderr, proc.stderr
+        assert not out.exists(), "nothing written before the port is known to be free"
+
+        from p2pfl.report.dashboard import start_dashboard
+
+        with pytest.raises(ConfigError) as info:
+            asyncio.run(start_dashboard(tmp_path, "127.0.0.1", port, "--port"))
+        assert info.value.field == "--port"
