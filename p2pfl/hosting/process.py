@@ -75,28 +75,31 @@ async def exit_after_progress(proc: asyncio.subprocess.Process, tick: Callable[[
     return await proc.wait()
 
 
-def own_statuses(nodes: list[str], reported: dict[str, int], code: int, ended: OnExit | None) -> dict[str, int]:
-    """Each node's exit status: the one its forking parent reported, else its process's (which
-    then covers every node it hosted); `ended` hears of those not reported yet."""
-    for node in nodes:
-        if node not in reported:
-            reported[node] = code
-            if ended is not None:
-                ended(node, code)
-    return {node: reported[node] for node in nodes}
+class ExitStatuses:
+    """Each node's exit status as its process reports it, passed on to `ended` as it comes."""
+
+    def __init__(self, ended: OnExit | None) -> None:
+        self.ended, self.reported = ended, dict[str, int]()
+
+    def heard(self, node: str, code: int) -> None:
+        self.reported[node] = code
+        if self.ended is not None:
+            self.ended(node, code)
+
+    def settle(self, nodes: list[str], code: int) -> dict[str, int]:
+        """Each node's status: the one its forking parent reported, else its process's `code`
+        (which then covers every node it hosted)."""
+        for node in nodes:
+            if node not in self.reported:
+                self.heard(node, code)
+        return {node: self.reported[node] for node in nodes}
 
 
 async def follow(proc: asyncio.subprocess.Process, nodes: list[str], tick: Callable[[], None],
                  ended: OnExit | None = None) -> dict[str, int]:
     """Each of `nodes`' exit status, ticking on `proc`'s progress lines."""
-    reported: dict[str, int] = {}
-
-    def heard(node: str, code: int) -> None:
-        reported[node] = code
-        if ended is not None:
-            ended(node, code)
-
-    return own_statuses(nodes, reported, await exit_after_progress(proc, tick, heard), ended)
+    statuses = ExitStatuses(ended)
+    return statuses.settle(nodes, await exit_after_progress(proc, tick, statuses.heard))
 
 
 class ProcessHosting:
@@ -169,24 +172,19 @@ class ProcessHosting:
             if warm.poll() is None:
                 warm.kill()
 
-        reported: dict[str, int] = {}
-
-        def heard(node: str, code: int) -> None:
-            reported[node] = code
-            if self.on_exit is not None:
-                self.on_exit(node, code)
+        statuses = ExitStatuses(self.on_exit)
 
         async def followed() -> dict[str, int]:
             try:
                 async for line in reader:
-                    read_line(line, tick, heard)
+                    read_line(line, tick, statuses.heard)
                 code = await asyncio.to_thread(warm.wait)
             except asyncio.CancelledError:
                 kill()  # a stopped run: its nodes go before the pipe they write their progress to
                 raise
             finally:
                 transport.close()
-            return own_statuses([p.stem for p in node_paths], reported, code, self.on_exit)
+            return statuses.settle([p.stem for p in node_paths], code)
 
         return {FORKED: ([p.stem for p in node_paths], followed())}, kill
 
