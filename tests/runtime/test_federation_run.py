@@ -224,7 +224,9 @@ def test_the_walkthrough_names_a_config_for_each_host_it_starts() -> None:
 def test_a_federation_over_tls_pins_each_members_certificate_from_its_record(tmp_path: Path,
                                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Two hosts, runtime.tls = true: https addresses, each record names its certificate's
-    fingerprint, and every read between them is pinned to it; both finish with every part."""
+    fingerprint, and every read between them is pinned to it; both finish with every part. The
+    start wait is long (60 s, left as soon as the other is up): on a loaded machine the second
+    process took over 5 s to listen and the first trained alone (CI beside a long run)."""
     from .helpers import write_tiny
 
     scenario = write_tiny(tmp_path, nodes=2, rounds=3, samples=60, extra="")
@@ -237,7 +239,7 @@ def test_a_federation_over_tls_pins_each_members_certificate_from_its_record(tmp
                      str(tmp_path / "fed"), "--out", str(tmp_path / name / f"{name}.cert")]) == 0
         (tmp_path / name / "node.toml").write_text(
             f'id = "{name}"\nkey_file = "{name}.key"\nscenario = "{scenario}"\nout = "run"\nhost = "127.0.0.1"\n'
-            f'port = {port}\noverrides = ["runtime.tls=true"]\n\n[federation]\n'
+            f'port = {port}\noverrides = ["runtime.tls=true", "runtime.start_wait_s=60"]\n\n[federation]\n'
             f'public_key = "{tmp_path / "fed" / "federation.pub"}"\ncertificate = "{name}.cert"\n'
             f'seeds = ["https://127.0.0.1:{ports["a"]}"]\nurl = "https://127.0.0.1:{port}"\n')
     capsys.readouterr()

@@ -102,7 +102,7 @@ def test_a_busy_dashboard_port_is_a_config_error_not_a_traceback(tmp_path: Path,
                                                        "algorithm": {"name": "fedavg"}}))
         assert main(["dashboard", str(run), "--port", str(port)]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("error in --dashboard: cannot serve on 127.0.0.1:") and "Traceback" not in err
+        assert err.startswith("error in --port: cannot serve on 127.0.0.1:") and "Traceback" not in err
     finally:
         busy.close()
 
