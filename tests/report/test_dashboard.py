@@ -504,6 +504,7 @@ def test_finding_10_the_dashboard_refuses_a_host_it_does_not_serve(tmp_path: Pat
     assert asyncio.run(ask()) == (200, 421)
 
 
+@pytest.mark.slow
 def test_a_busy_dashboard_port_leaves_no_run_folder_and_each_command_names_its_own_option(tmp_path: Path) -> None:
     """Issue 67, item 6. Before: the run folder was written before the port was tried, so the
     retry on another port was refused ("already holds a run ... --force"); `p2pfl dashboard

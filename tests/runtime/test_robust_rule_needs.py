@@ -22,6 +22,7 @@ def _raw(nodes: int, topology: str, **params: object) -> dict:
             "runtime": {"topology": topology}, "algorithm": {"name": "fedavg", "params": params}}
 
 
+@pytest.mark.slow
 def test_the_quickstarts_four_nodes_with_krum_are_refused_at_launch_in_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "p2pfl", "run", str(QUICKSTART), "--out", str(tmp_path / "run"),
                            "--set", 'algorithm.params.aggregation="krum"'], capture_output=True, text=True, timeout=120)
