@@ -363,8 +363,8 @@ def assign(spec: DataSpec, pool: Pool, num_nodes: int, seed: int) -> dict:
         splits = [(tr, va, top_up_test(te, np.setdiff1d(r, c), pool.y, spec.test_samples_per_node, r_top_up))
                   for (tr, va, te), r, c in zip(splits, raw, capped)]
     # One stream per reading: its images are the same whether it is the test_split or an extra one.
-    streams = dict(zip(TEST_SPLITS, test_seeds.spawn(len(TEST_SPLITS))))
-    readings = {r: test_sets(r, splits, pool.y, np.random.default_rng(streams[r]))
+    reading_seeds = dict(zip(TEST_SPLITS, test_seeds.spawn(len(TEST_SPLITS))))
+    readings = {r: test_sets(r, splits, pool.y, np.random.default_rng(reading_seeds[r]))
                 for r in (spec.test_split, *spec.extra_test_splits)}
     extra = {r: readings[r] for r in spec.extra_test_splits}
     splits = [(tr, va, te) for (tr, va, _), te in zip(splits, readings[spec.test_split])]

@@ -5,6 +5,7 @@ again (`--resume`)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ class Deaths:
 
     def __init__(self, out: Path, rounds: int, say: Callable[[str], None]) -> None:
         self.folder, self.rounds, self.say = RunFolder(out), rounds, say
-        self.named: dict[str, dict[str, Any]] = {}
+        self.named: set[str] = set()
 
     def heard(self, node: str, code: int) -> None:
         if code == 0 or code in STOPPED_CODES or node in self.named or self.folder.node_result(node).is_file():
@@ -47,15 +48,13 @@ class Deaths:
         record = {"id": node, "exit_code": code, "cause": cause(code), "after_round": after, "at": time.time(),
                   "resume": resume}
         write_json_atomic(self.folder.node_exit(node), record)
-        self.named[node] = record
+        self.named.add(node)
         self.say(f"{node} died ({record['cause']}) after round {after} of {self.rounds}; the other nodes go on. "
                  f"Resume it: {resume}")
 
 
 def read_death(out: Path, node: str) -> dict[str, Any] | None:
     """The launcher's record of how `node` died, where it left no result since."""
-    import json
-
     path = RunFolder(out).node_exit(node)
     try:
         return json.loads(path.read_text()) if path.is_file() else None

@@ -210,6 +210,12 @@ def code_version() -> str:
     return f"{made} at {commit}" + ("+changes" if changed else "")
 
 
+def recorded_rounds(out: Path, nid: str) -> list[dict[str, Any]]:
+    """The rounds a node that left no result recorded as it went, one per round, in order."""
+    by_round = {r["round"]: r for r in read_records(RunFolder(out).node_rounds(nid), ("round",))}
+    return [by_round[r] for r in sorted(by_round)]
+
+
 def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_s: float,
                   ground_truth: Mapping[str, Any]) -> dict[str, Any]:
     nodes = []
@@ -218,15 +224,12 @@ def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_
         if path.is_file():
             result = json.loads(path.read_text())
         elif exit_codes.get(nid) == STOPPED:
-            by_round = {r["round"]: r for r in read_records(RunFolder(out).node_rounds(nid), ("round",))}
             result = {"id": nid, "status": "stopped", "error": "stopped before its last round (Ctrl-C or SIGTERM); "
-                      "--resume goes on from its last checkpoint", "rounds": [by_round[r] for r in sorted(by_round)],
+                      "--resume goes on from its last checkpoint", "rounds": recorded_rounds(out, nid),
                       "final_test_acc": None}
         elif (death := read_death(out, nid)) is not None:  # named by the launcher as it died
-            by_round = {r["round"]: r for r in read_records(RunFolder(out).node_rounds(nid), ("round",))}
             result = {"id": nid, "status": "failed", "error": f"{death['cause']} after round {death['after_round']}; "
-                      f"resume it: {death['resume']}", "rounds": [by_round[r] for r in sorted(by_round)],
-                      "final_test_acc": None}
+                      f"resume it: {death['resume']}", "rounds": recorded_rounds(out, nid), "final_test_acc": None}
         else:
             result = {"id": nid, "status": "failed", "error": f"no result file (exit code {exit_codes.get(nid)})",
                       "rounds": [], "final_test_acc": None}

@@ -135,7 +135,7 @@ class Round:
             unanswered=len(unanswered), strategy=dict(kit.artefacts.records),
             staleness={m.sender: r - m.version for m in arrived if m.version < r},
             neighbours=kit.neighbours.changes(), peers_refused=dict(checks.refused), sat_out=sat_out,
-            peers_bounded={p: list(r) for p, r in checks.bounded.items()}, peers_bounded_factor=dict(checks.bounded_factor),
+            peers_bounded={peer: list(reasons) for peer, reasons in checks.bounded.items()}, peers_bounded_factor=dict(checks.bounded_factor),
             aggregate_refused=aggregated.refused, safeguard=safeguard, fit_config=self.fit_config,
             metrics=self.metrics, peer_scores=self.peer_scores, silent=sorted(unanswered),
             test_acc_by_split=trained.scores.test_acc_by_split,

@@ -40,9 +40,11 @@ class Scorer:
         else:
             (test_acc, test_loss), (val_acc, _) = self.trainer.evaluate_together(self.model, [self.data.test, self.data.val])
         extra = self.data.extra_tests
+        if not extra:
+            return Scores(test_acc, test_loss, val_acc)
         # a pass of their own: the test and validation scores stay those of a run without them
-        by_split = {name: acc for name, (acc, _) in zip(extra, self.trainer.evaluate_together(self.model, list(extra.values())))}
-        return Scores(test_acc, test_loss, val_acc, by_split)
+        scores = self.trainer.evaluate_together(self.model, list(extra.values()))
+        return Scores(test_acc, test_loss, val_acc, {name: acc for name, (acc, _) in zip(extra, scores)})
 
     def scored(self) -> Scored:
         scores = self.model_scores()
