@@ -7,7 +7,9 @@ member's would be:
 * `noise`: publish Gaussian noise instead of their parts, each tensor with `scale` times the
   standard deviation of the honest one (so magnitudes look plausible);
 * `sign-flip`: publish θ_start − scale · (θ − θ_start), the round's update reversed;
-* `label-flip`: train on labels y → C − 1 − y (the published model is what that training gives).
+* `label-flip`: train on labels y → C − 1 − y (the published model is what that training gives);
+* `membership-lie`: publish honest parts whose membership news says every other member left
+  (statements it signs itself, as a liar holding only its own key can) and that it joined this round.
 
 Only what leaves the node is poisoned; attackers evaluate their own honest-looking copy.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:  # torch loads with the first attacker, not with the schema th
 
     from p2pfl.data import NodeData
 
-KINDS = ("none", "noise", "sign-flip", "label-flip")
+KINDS = ("none", "noise", "sign-flip", "label-flip", "membership-lie")
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,17 @@ class Attack:
                     anchor = start[name].to(value.device, value.dtype)
                     out[part][name] = anchor - self.spec.scale * (value - anchor)
         return out
+
+
+    def news(self, meta: Mapping[str, Any], members: Iterable[str], own: str, forge: Callable[[str, int], str],
+             round_: int) -> dict[str, Any]:
+        """The metadata a `membership-lie` node publishes in `round_`: every other member "left
+        before this round" (`forge(member, event)`: signed with the liar's key, not theirs), itself
+        "live from this round" (its own, valid word: as if it had just joined)."""
+        if not self.active(round_) or self.spec.kind != "membership-lie":
+            return dict(meta)
+        lies = {m: forge(m, -round_) for m in sorted(members) if m != own}
+        return {**meta, "members": {**lies, own: forge(own, round_)}}
 
 
 def build_attack(spec: AttackSpec, index: int, seed: int) -> Attack | None:

@@ -98,10 +98,10 @@ FINITE = 1e12  # bound on losses and statistics: far above any real value, far b
 MAX_NEWS = 256  # membership news one frame carries (p2pfl.runtime.node.neighbours)
 MAX_ROUND = 10**9
 #: Every model part a node publishes: the runtime adds `n_train`, which FedAvg-style weights read,
-#: and the membership news it passes on (member -> +r: joined in round r, -r: left before round r).
+#: and the membership news it passes on (member -> its own signed statement, p2pfl.runtime.statements).
 MODEL_META: dict[str, MetaField] = {
     "n_train": MetaField("int", 1, MAX_SAMPLES, required=True),
-    "members": MetaField("map", max_length=MAX_NEWS, values=MetaField("int", -MAX_ROUND, MAX_ROUND)),
+    "members": MetaField("map", max_length=MAX_NEWS, values=MetaField("str", max_length=160)),
     # A sparse part's public copy it is against (p2pfl.runtime.sparse_wire; -1: read the copy whole).
     "sparse_base": MetaField("int", -1, MAX_ROUND),
 }
@@ -119,4 +119,8 @@ STATS_META: dict[str, MetaField] = {
     "val_loss_start": _STAT, "val_loss_local": _STAT, "val_loss_prev_local": _STAT,
     "val_acc_start": _ACCURACY, "val_acc_local": _ACCURACY, "val_acc_prev_local": _ACCURACY,
 }
-GOODBYE_META: dict[str, MetaField] = {"reason": MetaField("str", max_length=500)}
+_STATEMENT = MetaField("str", required=True, max_length=160)  # p2pfl.runtime.statements
+#: A goodbye: why, and the leaver's signed statement "left before round r" (r: the head's round).
+GOODBYE_META: dict[str, MetaField] = {"reason": MetaField("str", max_length=500), "statement": _STATEMENT}
+#: A return after a goodbye: the member's signed statement "live from round r".
+BACK_META: dict[str, MetaField] = {"statement": _STATEMENT}

@@ -16,6 +16,9 @@ from typing import Any
 from p2pfl.wire.errors import quote
 
 UNVERIFIED = "?"
+# A member the federation took out goes on knocking until it hears: its refusals are logged once
+# per sender (and counted), not once per knock.
+ONCE_PER_SENDER = frozenset({"certificate_revoked", "certificate_expired"})
 
 
 def sender_label(name: str | None, verified: bool) -> str:
@@ -48,7 +51,9 @@ class RejectionLog:
                 self.log.warning("%d more rejections were not logged in the last %.0f s", self.suppressed, self.window_s)
             self._window_start, self._lines, self.suppressed = now, Counter(), 0
         self._lines[kind] += 1
-        if self._lines[kind] <= self.lines_per_window:
+        if kind in ONCE_PER_SENDER and self.counts[(sender, status, kind)] > 1:
+            self.suppressed += 1
+        elif self._lines[kind] <= self.lines_per_window:
             self.log.warning("rejected message from %s: %d %s", sender, status, reason)
         else:
             self.suppressed += 1

@@ -9,7 +9,7 @@ from typing import Any
 PROGRESS_PREFIX = "P2PFL-PROGRESS "  # a node process's stdout line per round, read by the launcher
 # A forking parent's stdout line when one of its nodes' processes ends: {"id", "code"} (code < 0: the signal)
 EXIT_PREFIX = "P2PFL-EXIT "
-ENDED_BADLY = ("failed", "isolated")  # statuses that make the node's process exit non-zero
+ENDED_BADLY = ("failed", "isolated", "revoked")  # statuses that make the node's process exit non-zero
 
 
 def exit_status(results: Sequence[Mapping[str, Any]]) -> int:

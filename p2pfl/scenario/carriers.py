@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import replace
 from collections.abc import Mapping
@@ -24,6 +26,13 @@ def server_limits(sc: Scenario, node_id: str, peers: int) -> ServerLimits:
     return limits
 
 
+def run_tag(sc: Scenario) -> str:
+    """What binds a member's signed statements (goodbye, return) to this run: its name, seed, rounds
+    and algorithm, the same on every host of a federation (paths and ports may differ)."""
+    what = [sc.name, sc.seed, sc.rounds, sc.algorithm.name]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+
+
 def build_carrier(sc: Scenario, node_id: str, key: NodeKey, peers: Mapping[str, PeerInfo], counter: ByteCounter,
                   log: logging.Logger | None = None) -> Transport:
     """The `runtime.transport` carrier of one node or the coordinator: whom it trusts and reaches, and its limits."""
@@ -37,5 +46,5 @@ def build_carrier(sc: Scenario, node_id: str, key: NodeKey, peers: Mapping[str, 
         held_bytes=int(rt.held_mb * 2**20),
         tls=server_context(key, node_id) if rt.tls else None,
         pins={pid: info.tls_fingerprint for pid, info in peers.items() if info.tls_fingerprint},
-        log=log or logging.getLogger(f"p2pfl.{node_id}"),
+        log=log or logging.getLogger(f"p2pfl.{node_id}"), run=run_tag(sc),
     ))

@@ -206,9 +206,15 @@ def test_the_lan_walkthrough_runs_as_written_and_refuses_what_it_should(tmp_path
         assert took and took == list(range(took[0], rounds + 1)), (name, took)
     # gamma's reads are refused by name from then on.
     assert any(REVOKED in json.dumps(results[n]["rejected"]) for n in staying)
-    assert results["gamma"]["status"] in ("degraded", "isolated", "ok")
-    assert "certificate_revoked" in results["gamma"]["federation"]["refused_by"]  # gamma was told why
-    assert "a member refuses this node" in logs["gamma"]
+    # gamma was told why (the federation's signed list came with the refusal), stopped before its
+    # next round with one line, and exits non-zero (before issue 63 it trained alone to the end, exit 0).
+    assert results["gamma"]["status"] == "revoked" and nodes["gamma"].returncode != 0
+    assert "gamma was revoked by the federation" in results["gamma"]["error"]
+    assert "certificate_revoked" in results["gamma"]["federation"]["refused_by"]
+    assert "a member refuses this node" in logs["gamma"] and "stopping before round" in logs["gamma"]
+    assert results["gamma"]["rounds"][-1]["round"] < rounds
+    # Each member keeps the newest list on disk: a seed started again from nothing refuses gamma.
+    assert "gamma" in (tmp / "alpha" / "alpha.revocations.toml").read_text()
 
 
 def test_the_walkthrough_names_a_config_for_each_host_it_starts() -> None:

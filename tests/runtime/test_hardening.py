@@ -656,7 +656,9 @@ def test_issue_48_finding_1_a_push_told_to_retry_later_is_retried(tmp_path: Path
             await asyncio.sleep(0.3)  # the whole budget is the attacker's head's until its read times out
             started = time.perf_counter()
             out["delivered"] = await honest.transport.push("node-0", kind=GOODBYE, part="", round_=1, version=1,
-                                                           tensors={}, meta={"reason": "test"}, timeout=20.0)
+                                                           tensors={}, timeout=20.0,
+                                                           meta={"reason": "test",
+                                                                 "statement": honest.transport.own_statement(-1).text})
             out["seconds"] = time.perf_counter() - started
             await holding
         finally:

@@ -138,7 +138,7 @@ async def test_goodbye_ends_waiting_reads_and_later_ones(pair: Pair) -> None:
     a, b = pair.carriers["a"], pair.carriers["b"]
     waiting = asyncio.create_task(b.fetch("a", "full", 5, timeout=30))
     await asyncio.sleep(0.1)
-    await a.say_goodbye(["b"], "failed in round 2")
+    await a.say_goodbye(["b"], "failed in round 2", before_round=2)
     assert await asyncio.wait_for(waiting, 5) is None
     assert b.departed == {"a": "failed in round 2"}
     assert await b.fetch("a", "full", 1, timeout=30) is None

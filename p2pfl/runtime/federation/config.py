@@ -12,6 +12,9 @@
     url = "http://192.0.2.11:9001"            # where the others reach this node; none: outbound only (behind NAT)
     # gossip_s = 2.0                          # between two exchanges with members drawn at random
     # seed_wait_s = 30.0                      # how long the seeds are tried before the node gives up
+    # revocations = "alpha.revocations.toml"  # where this member keeps the newest revocation list it has
+    #                                         # heard (read at start: a restarted seed refuses the revoked);
+    #                                         # an operator may put its own list there. Default: beside the certificate
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from urllib.parse import urlsplit
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.federation.certificates import Certificate, Refused, check
 
-FIELDS = ("public_key", "certificate", "seeds", "url", "gossip_s", "seed_wait_s")
+FIELDS = ("public_key", "certificate", "seeds", "url", "gossip_s", "seed_wait_s", "revocations")
 MAX_SEEDS = 3
 
 
@@ -38,10 +41,15 @@ class FederationConfig:
     url: str | None                  # None: nobody can reach this node; it pushes its parts
     gossip_s: float = 2.0
     seed_wait_s: float = 30.0
+    revocations: Path | None = None  # the newest revocation list, kept on disk (None: beside the certificate)
+
+    @property
+    def revocations_file(self) -> Path:
+        return self.revocations or self.certificate.with_name(self.certificate.stem + ".revocations.toml")
 
     def to_dict(self) -> dict[str, Any]:
         out = {"public_key": self.public_key, "certificate": str(self.certificate), "seeds": list(self.seeds),
-               "gossip_s": self.gossip_s, "seed_wait_s": self.seed_wait_s}
+               "gossip_s": self.gossip_s, "seed_wait_s": self.seed_wait_s, "revocations": str(self.revocations_file)}
         return out if self.url is None else {**out, "url": self.url}
 
 
@@ -115,4 +123,8 @@ def parse_federation(raw: Any, base: Path, node_id: str, node_public: str) -> Fe
     if certificate.public_key != node_public:
         raise ConfigError("federation.certificate", f"{path} admits key {certificate.public_key[:16]}..., this node's "
                                                     f"key file holds {node_public[:16]}...: wrong certificate or key file")
-    return FederationConfig(public, path, seeds, url, numbers["gossip_s"], numbers["seed_wait_s"])
+    revocations = raw.get("revocations")
+    if revocations is not None and (not isinstance(revocations, str) or not revocations):
+        raise ConfigError("federation.revocations", f"expected a file name, got {revocations!r}")
+    kept = None if revocations is None else (Path(revocations) if Path(revocations).is_absolute() else base / revocations)
+    return FederationConfig(public, path, seeds, url, numbers["gossip_s"], numbers["seed_wait_s"], kept)

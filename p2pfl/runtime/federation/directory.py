@@ -38,6 +38,9 @@ class Directory:
         self.log = log or logging.getLogger("p2pfl.federation")
         self.on_admitted: list[Admitted] = []
         self.on_removed: list[Removed] = []
+        self.on_revocations: list[Callable[[Revocations], None]] = []  # a newer list taken (kept on disk)
+        self.revoked_self: str | None = None  # why this member itself is out, once a list says so
+        self.on_revoked_self: list[Callable[[str], None]] = []
 
     # ---- what comes in ------------------------------------------------------------------------
     def offer_revocations(self, raw: Any) -> bool:
@@ -52,6 +55,14 @@ class Directory:
             record = self.records[member]
             if record.certificate.issued <= revocations.revoked[member]:
                 self._remove(member, REVOKED, f"{member} was revoked by the federation")
+        for keep in self.on_revocations:
+            keep(revocations)
+        own = self.own.member
+        if own in revocations.revoked and self.own.certificate.issued <= revocations.revoked[own] and not self.revoked_self:
+            self.revoked_self = (f"{own} was revoked by the federation (revocation list {revocations.number}); "
+                                 "the operator admits it again with a new certificate")
+            for told in self.on_revoked_self:
+                told(self.revoked_self)
         return True
 
     def offer(self, raw: Any) -> MemberRecord | None:

@@ -17,6 +17,7 @@ with the cause.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
-from p2pfl.runtime.federation.certificates import MALFORMED, Refused
+from p2pfl.runtime.federation.certificates import MALFORMED, REVOKED, Refused
 from p2pfl.runtime.federation.directory import Directory
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.wire.body import unpack_strict
@@ -84,6 +85,9 @@ class Gossip:
             payload = decode(body)
             newer, _ = self.directory.take(payload)
         except Refused as refused:
+            if refused.cause == REVOKED:  # told why, in a form it can check: the federation's signed list
+                return 403, json.dumps({"refused": f"{refused.cause}: {refused.detail}",
+                                        "revocations": self.directory.revocations.to_dict()}).encode()
             return 403, f"{refused.cause}: {refused.detail}".encode()
         if newer:
             self.flood()
@@ -115,6 +119,7 @@ class Gossip:
         except aiohttp.ClientError as exc:
             raise ExchangeFailed(_reason(exc)) from None
         if status != 200:
+            self._told_revoked(status, answer)
             raise ExchangeFailed(f"refused this node: {status} {answer[:200].decode(errors='replace')}", final=True)
         try:
             newer, _ = self.directory.take(decode(answer))
@@ -124,6 +129,17 @@ class Gossip:
         if newer:
             self.flood()
         return True
+
+    def _told_revoked(self, status: int, answer: bytes) -> None:
+        """A 403 that names this node revoked carries the federation's signed list: taken if it
+        verifies (a member cannot make another stop by saying so)."""
+        if status != 403 or not answer.startswith(b"{"):
+            return
+        try:
+            told = json.loads(answer)
+            self.directory.offer_revocations(told["revocations"])
+        except (ValueError, KeyError, TypeError, Refused):
+            return
 
     async def discover(self, seeds: Sequence[str], wait_s: float) -> None:
         """Exchange with every seed (but this node's own address) until one admits this node,

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import msgpack
+import tomli_w
 
 from p2pfl.runtime.federation.config import FederationConfig
 from p2pfl.runtime.federation.directory import Directory
 from p2pfl.runtime.federation.gossip import SERVICE, Gossip
 from p2pfl.runtime.federation.records import MemberRecord, sign_record
-from p2pfl.runtime.federation.certificates import Certificate
+from p2pfl.errors import ConfigError
+from p2pfl.runtime.federation.certificates import Certificate, Refused, Revocations
 from p2pfl.runtime.tls import fingerprint
 from p2pfl.wire import NodeKey
 
@@ -39,11 +44,37 @@ class FederationMember:
         own = sign_record(key, certificate, config.url, now=time.time(),
                           tls_fingerprint=fingerprint(key, certificate.member) if tls else None)
         self.directory = Directory(config.public_key, own, log=self.log)
+        self._load_revocations(config.revocations_file)
+        self.directory.on_revocations.append(self._keep_revocations)
+        self.directory.on_revoked_self.append(self._revoked)
         self.gossip = Gossip(self.directory, period_s=config.gossip_s, seed=seed, log=self.log)
         self.expected_members = expected_members
         self.degree = degree  # neighbours to keep (None: every member, a full topology)
         self.node: Any = None
         self.removed: list[dict[str, Any]] = []
+
+    def _load_revocations(self, path: Path) -> None:
+        """The newest list this member kept (or its operator put there): a seed restarted from
+        nothing still refuses whom the federation revoked."""
+        if not path.is_file():
+            return
+        try:
+            self.directory.offer_revocations(tomllib.loads(path.read_text()))
+        except (tomllib.TOMLDecodeError, Refused) as exc:
+            raise ConfigError("federation.revocations", f"{path}: not this federation's signed revocation list ({exc})") from None
+        self.log.info("revocation list %d read from %s (%d revoked)", self.directory.revocations.number, path,
+                      len(self.directory.revocations.revoked))
+
+    def _keep_revocations(self, revocations: Revocations) -> None:
+        path = self.config.revocations_file
+        swap = path.with_name(path.name + ".swap")
+        swap.write_text(tomli_w.dumps(revocations.to_dict()))
+        os.replace(swap, path)
+
+    def _revoked(self, reason: str) -> None:
+        self.log.error("%s", reason)
+        if self.node is not None:
+            self.node.stop_soon("revoked", reason)
 
     @property
     def member(self) -> str:
@@ -62,6 +93,8 @@ class FederationMember:
         node.transport.services[SERVICE] = self.serve
         node.exchange.outbound_only = self.config.url is None
         node.neighbours.target = self.degree or 1 << 30
+        if self.directory.revoked_self:  # told while it discovered: it does not start its rounds
+            node.stop_soon("revoked", self.directory.revoked_self)
         self.directory.on_admitted.append(self._admitted)
         self.directory.on_removed.append(self._removed)
         for record in list(self.directory.records.values()):

@@ -148,7 +148,8 @@ class Exchange:
             if fetch.peer not in transport.peers:
                 self.log.warning("strategy asked for unknown peer %r", fetch.peer)
                 return None
-            if fetch.peer in self.neighbours.unreachable and await transport.status_of(fetch.peer, timeout=1.0) is None:
+            if (fetch.peer in self.neighbours.unreachable or fetch.peer in self.neighbours.probe_first) and \
+                    await transport.status_of(fetch.peer, timeout=1.0) is None:
                 # Gone last round and not answering now (killed, or its machine is down): one
                 # quick probe instead of fetch_timeout_s in every later round.
                 return None
@@ -195,8 +196,9 @@ class Exchange:
         # A member taken out while its part was on its way (revoked, expired) is not aggregated.
         results = [r if r is None or r.sender in transport.peers or r.sender in push_only else self._dropped(r)
                    for r in results]
-        self.neighbours.answered({f.peer for f in fetches}, {f.peer for f, r in zip(fetches, results) if r is None},
-                                 round_)
+        # A refused part is an answer, judged by the conduct rule (`Neighbours.judge`), not silence.
+        silent = {f.peer for f, r in zip(fetches, results) if r is None} - set(checks.refused)
+        self.neighbours.answered({f.peer for f in fetches}, silent, round_)
         return [r for r in results if r is not None]
 
     async def taken(self, message: Message, checks: RoundChecks, wait: float) -> PeerModel | None:

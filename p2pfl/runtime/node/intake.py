@@ -6,6 +6,7 @@ pushes) and a verified message turned into a `PeerModel`, its claims bounded on 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from p2pfl.runtime.peer_claims import (ClaimRefused, Flattened, bound_update, ca
                                       check_variances, flattened, own_norms, update_norm)
 from p2pfl.runtime.precision import dequantize, wire_spec
 from p2pfl.runtime.settings import NodeSettings, Sparsity
+from p2pfl.runtime.statements import Statement
 from p2pfl.runtime.sparse_wire import BASE_META, REF_SUFFIX, RESTARTED, SparseReceiver, reference_spec, sparse_spec
 from p2pfl.runtime.strategy import COORDINATOR_ID, PartDecl, PeerModel
 from p2pfl.wire import Message
@@ -72,6 +74,9 @@ class Intake:
         self.sparse = None if self.sparsity is None else SparseReceiver(
             {part: part_state(model, part) for part in PEER_PARTS})
         self.neighbours = neighbours
+        # A part's membership news -> (statements verified with each member's key, unsigned "left"
+        # claims); the node sets it from its carrier's roster and run.
+        self.read_news: Callable[[Any], tuple[list[Statement], list[str]]] = lambda news: ([], [])
         self.current = RoundChecks(0)
         # (outbound-only neighbour, part) -> the newest part it pushed before a gather waited for it.
         self.early: dict[tuple[str, str], Message] = {}
@@ -160,7 +165,7 @@ class Intake:
             if bounded:
                 tensors = self.bounded(h.sender, part, tensors, checks, flat)
             if h.sender != COORDINATOR_ID:
-                self.neighbours.hear(h.sender, meta.pop("members", None), checks.round)
+                self.neighbours.hear(*self.read_news(meta.pop("members", None)), checks.round)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
                 self.neighbours.declared_sizes.check(h.sender, int(meta["n_train"]))
                 meta["n_train"] = capped_size(meta["n_train"], self.n_train, settings.max_weight_ratio)

@@ -33,6 +33,7 @@ from p2pfl.runtime.node.state import NodeState
 from p2pfl.runtime.participation import participation_rng, takes_part
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
 from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.statements import read_news
 from p2pfl.runtime.strategy import COORDINATOR_ID, RoundContext
 from p2pfl.runtime.transport import Transport
 
@@ -61,6 +62,7 @@ class Node:
         self.on_round = on_round or (lambda _: None)
         self.log = logging.getLogger(f"p2pfl.{config.id}")
         self.stage = Stage.BUILT
+        self.stop_with: tuple[str, str] | None = None
         folder = RunFolder(config.out)
         artefacts = ArtefactSink(config.id, folder.artefacts)
         members = [p for p in parts.transport.peers if p != COORDINATOR_ID]
@@ -76,7 +78,11 @@ class Node:
         self.exchange = Exchange(parts.transport, intake, self.neighbours, parts.strategy, self.ctx, settings, self.log,
                                  seed=parts.seed)
         parts.transport.attach(expected_for=intake.expected, meta_schema_for=intake.meta_schema,
-                               on_message=intake.on_push, status=self._status, on_departed=self._on_departed)
+                               on_message=intake.on_push, status=self._status,
+                               on_statement=lambda said: self.neighbours.told(said, self.ctx.round))
+        intake.read_news = lambda news: read_news(news, parts.transport.roster, parts.transport.run,
+                                                  self.neighbours.statements)
+        self.neighbours.on_back = lambda member: parts.transport.take_back(self.neighbours.statements[member][0])
         parts.transport.expect_readers(self.neighbours.asked)  # the graph is undirected; the coordinator is pushed to
         self.participation_rng = participation_rng(parts.seed)
         self.state = NodeState(config.id, folder.checkpoint(config.id), parts, settings, self.ctx,
@@ -106,8 +112,11 @@ class Node:
     def round(self) -> int:
         return self.ctx.round
 
-    def _on_departed(self, peer: str, reason: str) -> None:
-        self.neighbours.depart(peer, self.ctx.round)
+    def stop_soon(self, status: str, reason: str) -> None:
+        """End before the next round with `status` (its result's error: `reason`); what a companion
+        calls when this node may not go on (its federation revoked it)."""
+        if self.stop_with is None:
+            self.stop_with = (status, reason)
 
     def _status(self) -> dict[str, Any]:
         # Public (unauthenticated): liveness and round only.
@@ -157,6 +166,9 @@ class Node:
         self.stage = Stage.IN_ROUNDS
         r = first
         while r <= sc.rounds:
+            if self.stop_with is not None:  # a companion's verdict (a federation that revoked this node)
+                self.log.error("stopping before round %d: %s", r, self.stop_with[1])
+                return self.stop_with[0]
             if privacy is not None and privacy.exhausted():
                 self.log.warning("stopping before round %d: another round would exceed the epsilon budget "
                                  "(epsilon so far %.3f)", r, privacy.epsilon() or 0.0)
@@ -234,6 +246,8 @@ class Node:
                 goodbye = f"privacy budget exhausted before round {self.ctx.round + 1}"
             elif status == "left":
                 goodbye = f"left before round {self.membership.events[-1]['round']}"
+            elif self.stop_with is not None and status == self.stop_with[0]:
+                error = goodbye = self.stop_with[1]
             status = end_status(status, self.state.rounds, self.log)
         except asyncio.CancelledError:
             # The process is going down (a node beside it could not listen): no sockets left open.
@@ -251,12 +265,15 @@ class Node:
         self.stage = Stage.DONE
         if status == "crashed":
             pass  # stopped dead: it says nothing and serves nothing
+        elif status == "revoked":  # every member refuses it now: nothing to serve, nobody to tell
+            await transport.withdraw()
         elif status not in ("ok", "isolated", "degraded"):  # the last three ran every round: they serve the last ones
             # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
             await transport.withdraw()
             # Its neighbours and readers, and the coordinator; the others hear it as news from them.
             told = self.neighbours.goodbye_targets(transport.readers())
-            await transport.say_goodbye(told + ([COORDINATOR_ID] if cfg.coordinator is not None else []), goodbye)
+            await transport.say_goodbye(told + ([COORDINATOR_ID] if cfg.coordinator is not None else []), goodbye,
+                                        before_round=self.ctx.round + 1)
         else:
             # Resumed after its last round, it asked nobody: a silent neighbour is one still starting,
             # which will replay rounds this node serves.

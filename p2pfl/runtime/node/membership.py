@@ -70,7 +70,7 @@ class Membership:
         if now < restored + 2:
             return restored + 1
         self.events.append({"round": now, "event": "restarted", "after_round": restored, "at": time.time()})
-        self.neighbours.announce(self.exchange.ctx.node_id, now)
+        self.neighbours.announce(self.transport.own_statement(now), now)
         self.log.info("resumed after round %d; its neighbours are in round %d: rejoins there", restored, now)
         return now
 
@@ -79,6 +79,8 @@ class Membership:
         (or newer; with `catch_up` False only its round number, and keep the initial model).
         Returns the first round this node runs: `join_round`, or the round the neighbours
         are in (the version taken: a neighbour that published version v is in round v) if later."""
+        # Its own signed word first: a member that said goodbye earlier is read and heard again.
+        await self.transport.say_back(self.neighbours.asked, join_round)
         parts = ("full",) if "full" in shared_parts else tuple(p for p in ("body", "head") if p in shared_parts)
         if not parts and self.exchange.ctx.coordinator is not None:  # DI, GA: the newest global model
             return await self._join_coordinated(join_round, catch_up)
@@ -106,7 +108,7 @@ class Membership:
     def _joined(self, first: int, source: str | None, version: int | None) -> int:
         """Record the join (`source`: whose model it started from, None: its own) and return `first`."""
         self.events.append({"round": first, "event": "joined", "from": source, "version": version, "at": time.time()})
-        self.neighbours.announce(self.exchange.ctx.node_id, first)  # passed on with its parts: news of a new member
+        self.neighbours.announce(self.transport.own_statement(first), first)  # passed on with its parts: news of a new member
         self.log.info("joined in round %d with %s's model (version %s)", first, source or "its own", version)
         return first
 
@@ -162,7 +164,7 @@ class Membership:
         await self.exchange.republish(last)
         self.state.restarts.append({"after_round": last, "at": time.time()})
         self.events.append({"round": back, "event": "restarted", "after_round": last, "at": time.time()})
-        self.neighbours.announce(self.exchange.ctx.node_id, back)
+        self.neighbours.announce(self.transport.own_statement(back), back)
         return back, last
 
     async def arrive(self, script: NodeScript, by_hand: bool, started: float) -> int:

@@ -6,12 +6,15 @@ a neighbour that says goodbye, or stays silent in two gathers running, is replac
 drawn from the rest of the roster (who *may* be a member). A silent one is watched: probed each
 round, and taken back when it answers again (a restarted node), its stand-in let go.
 
-Membership spreads with the parts nodes already exchange: each published model part carries the
-news its node learned in the last `GOSSIP_ROUNDS` rounds (a member joined in round r, or left), at
-most `MAX_NEWS` entries, signed with the frame. News is a hint, never a verdict: a member reported
-gone is probed before it is waited for (a closed port or a 410 answers at once) and never drawn as
-a stand-in; a member reported joined is preferred as one. Only roster members are news (admission
-stays the roster's), and only a signed goodbye makes a peer departed.
+Membership spreads with the parts nodes already exchange, as statements each member signs about
+itself (`p2pfl.runtime.statements`): "live from round r" when it starts late, joins or comes back,
+"left before round r" in its goodbye. A node passes on, verbatim, the statements it verified in the
+last `GOSSIP_ROUNDS` rounds (at most `MAX_NEWS`), and acts on a statement only once the member's
+own signature verifies: a signed departure makes the member departed (its neighbours draw a
+stand-in), a later signed return takes it back. What a third party claims without the member's
+signature is at most a reason to probe that neighbour before waiting for it: never final, never a
+bar from the stand-in draw. Stand-ins are drawn uniformly from the eligible members, so no member
+makes itself preferred by what it reports (docs/scenarios.md, "What a liar can do").
 
 The strategy sees `ctx.peers`, `ctx.unreachable` and `ctx.departed`: the first is set from this
 table each round, the other two are this table's own sets.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,6 +32,7 @@ import numpy as np
 from p2pfl.runtime.metadata import MAX_NEWS
 from p2pfl.runtime.participation import version_to_ask
 from p2pfl.runtime.peer_claims import FAR_BOUND_FACTOR, DeclaredSizes
+from p2pfl.runtime.statements import ROUND_SLACK, Statement
 from p2pfl.runtime.strategy import Fetch
 
 WARN_EVERY = 5  # rounds between two warnings about the same silent peer
@@ -48,9 +52,10 @@ class Neighbours:
         self.watched: set[str] = set()       # replaced for its silence: probed each round, taken back when it answers
         self.stand_ins: dict[str, str] = {}  # replacement -> the neighbour it stands in for
         self.events: dict[int, dict[str, Any]] = {}  # round -> what changed in the table then
-        self.news: dict[str, tuple[int, int]] = {}  # member -> (+r joined in r / -r left before r, round learned)
-        self.heard_live: dict[str, int] = {}  # member -> the round news said it was live (joined, back)
-        self.reported_left: set[str] = set()  # news says it left: probed before waited for, never a stand-in
+        self.probe_first: set[str] = set()  # named gone without their own word: probed in the next gather, nothing more
+        self.statements: dict[str, tuple[Statement, int]] = {}  # member -> its newest verified word, round learned
+        self.heard_live: dict[str, int] = {}  # member -> the round its own statement said it was live (joined, back)
+        self.on_back: Callable[[str], None] = lambda member: None  # the carrier takes a member back too
         self.distrusted: set[str] = set()  # far over the bound, or refused, in most rounds: asked no more
         self.push_only: set[str] = set()  # members nobody can reach: they push their parts (outbound only)
         self.conduct: dict[str, list[int]] = {}  # peer -> [rounds it answered, of them far over or refused]
@@ -66,13 +71,15 @@ class Neighbours:
         else:
             event.setdefault(kind, {})[peer] = value
 
-    def depart(self, peer: str, round_: int) -> None:
-        """`peer` said goodbye (signed; the carrier keeps its reason): it is not waited for again, and
-        a neighbour is replaced."""
+    def depart(self, peer: str, round_: int, statement: Statement | None = None) -> None:
+        """`peer` left: its signed goodbye (`statement`, passed on as news), or the federation took
+        it out. It is not waited for again, and a neighbour is replaced."""
+        if statement is not None:
+            self._learn(statement, round_)
         if peer in self.departed:
             return
         self.departed.add(peer)
-        self._learn(peer, -max(round_, 1), round_)
+        self.heard_live.pop(peer, None)
         self.unreachable.add(peer)
         self.watched.discard(peer)
         if peer in self.asked:
@@ -90,6 +97,7 @@ class Neighbours:
                 self._replace(peer, round_)
         self.unreachable.clear()
         self.unreachable.update(silent | self.departed)
+        self.probe_first.clear()
 
     def returned(self, peer: str, round_: int) -> None:
         """A watched neighbour answered its probe: asked again, and its stand-in (if any) let go."""
@@ -98,7 +106,31 @@ class Neighbours:
         self.watched.discard(peer)
         self.unreachable.discard(peer)
         self._note(round_, "returned", peer)
-        self.announce(peer, round_)
+        self._ask_again(peer)
+
+    def told(self, statement: Statement, round_: int) -> None:
+        """A goodbye or a return the member sent this node itself (verified by the carrier)."""
+        if statement.event < 0:
+            self.depart(statement.member, round_, statement)
+        else:
+            self.back(statement, round_)
+
+    def back(self, statement: Statement, round_: int) -> None:
+        """A departed member's own signed word that it is live again (a join after its goodbye):
+        taken back, asked again in place of its stand-in (or where this node has room)."""
+        peer = statement.member
+        self._learn(statement, round_)
+        self.heard_live[peer] = round_
+        if peer not in self.departed:
+            return
+        self.departed.discard(peer)
+        self.unreachable.discard(peer)
+        self._note(round_, "back", peer)
+        self.on_back(peer)
+        if peer not in self.distrusted and (peer in self.stand_ins.values() or len(self.asked) < self.target):
+            self._ask_again(peer)
+
+    def _ask_again(self, peer: str) -> None:
         stand_in = next((s for s, gone in self.stand_ins.items() if gone == peer and s in self.asked), None)
         asked = set(self.asked) | {peer}
         if stand_in is not None:
@@ -142,51 +174,58 @@ class Neighbours:
         return True
 
     # ---- membership news ------------------------------------------------------------------
-    def announce(self, member: str, first_round: int) -> None:
-        """This node (or a member it saw come back) is live from `first_round`: news to pass on."""
-        self._learn(member, max(first_round, 1), first_round)
+    def announce(self, statement: Statement, round_: int) -> None:
+        """This node's own signed word (it starts late, joins or came back): news to pass on."""
+        self._learn(statement, round_)
 
-    def news_for(self, round_: int) -> dict[str, int]:
-        """The news this node passes on with the parts it publishes in `round_`: what it learned in
-        the last GOSSIP_ROUNDS rounds, newest first, at most MAX_NEWS entries."""
-        recent = sorted(((learned, member, event) for member, (event, learned) in self.news.items()
+    def news_for(self, round_: int) -> dict[str, str]:
+        """The statements this node passes on with the parts it publishes in `round_`: those it
+        learned in the last GOSSIP_ROUNDS rounds, newest first, at most MAX_NEWS, verbatim."""
+        recent = sorted(((learned, member, statement.text) for member, (statement, learned) in self.statements.items()
                          if round_ - learned < GOSSIP_ROUNDS), reverse=True)
-        return {member: event for _, member, event in recent[:MAX_NEWS]}
+        return {member: text for _, member, text in recent[:MAX_NEWS]}
 
-    def hear(self, sender: str, news: Mapping[str, int] | None, round_: int) -> None:
-        """News in a verified part from `sender` (`MODEL_META`'s "members"), taken for roster
-        members only and passed on once: a join makes the member a preferred stand-in; a departure
-        is probed before the member is waited for again."""
-        for member, event in (news or {}).items():
-            if member not in self.members or member in self.departed or member == sender and event < 0:
+    def hear(self, statements: Iterable[Statement], claimed_left: Iterable[str], round_: int) -> None:
+        """News in a verified part: `statements` verified with each member's own key (by the
+        caller, `p2pfl.runtime.statements.read_statement`), acted on when newer than what this
+        node knows; `claimed_left` the members the sender named without their signed word (a lie,
+        or an older node's hint): a neighbour among them is probed before it is waited for."""
+        for statement in statements:
+            member = statement.member
+            if member not in self.members or statement.round > round_ + 1 + ROUND_SLACK:
                 continue
-            known = self.news.get(member)
-            if known is not None and (known[0] == event or known[0] < 0):  # heard already; gone is final
+            known = self.statements.get(member)
+            if not statement.newer_than(None if known is None else known[0]):
                 continue
-            self._learn(member, int(event), round_)
-            if event > 0:
-                self.heard_live[member] = round_
-                self.reported_left.discard(member)
+            if statement.event < 0:
+                self.depart(member, round_, statement)
+            elif member in self.departed:
+                self.back(statement, round_)
             else:
-                self.reported_left.add(member)
-                self.heard_live.pop(member, None)
-                if member in self.asked:
-                    self.unreachable.add(member)  # probed first: a closed port or a 410 answers at once
-                    self._note(round_, "reported_left", member)
+                self._learn(statement, round_)
+                self.heard_live[member] = round_
+        for member in claimed_left:
+            if member in self.asked and member not in self.departed | self.unreachable | self.probe_first:
+                # Probed before it is waited for (a closed port or a 410 answers at once); not
+                # "unreachable": that would count as a silence and steer the strategies' choices.
+                self.probe_first.add(member)
+                self._note(round_, "claimed_left", member)
 
-    def _learn(self, member: str, event: int, round_: int) -> None:
-        self.news[member] = (event, round_)
+    def _learn(self, statement: Statement, round_: int) -> None:
+        known = self.statements.get(statement.member)
+        if statement.newer_than(None if known is None else known[0]):
+            self.statements[statement.member] = (statement, round_)
 
     # ---- the table --------------------------------------------------------------------------
     def _replace(self, gone: str, round_: int) -> None:
         """`gone` is asked no more; a member drawn from the rest stands in for it, the same draw on
         every run with this seed (one stream per node, round and departed neighbour)."""
         asked = set(self.asked) - {gone}
-        excluded = (asked | self.departed | self.unreachable | self.watched | self.reported_left | self.distrusted
-                    | {gone})
-        candidates = [m for m in self.members if m not in excluded and self.joined_by(m, round_ + 1)]
-        # Members news says are live first; without any, the roster's others (a closed port costs nothing).
-        candidates = [m for m in candidates if m in self.heard_live] or candidates
+        excluded = asked | self.departed | self.unreachable | self.watched | self.distrusted | {gone}
+        # Uniform over the eligible: a member preferred for what was said of it (or of the others)
+        # is one a liar can promote. A member's own signed join makes it eligible before its schedule.
+        candidates = [m for m in self.members if m not in excluded
+                      and (m in self.heard_live or self.joined_by(m, round_ + 1))]
         if candidates and len(asked) < self.target:
             rng = np.random.default_rng([self.seed, round_, zlib.crc32(gone.encode())])
             chosen = candidates[int(rng.integers(len(candidates)))]

@@ -58,7 +58,8 @@ class RoundRecord:
     strategy: Mapping[str, Any] = field(default_factory=dict)
     # Rounds each aggregated peer part lay behind this round (0: current); empty when none was stale.
     staleness: Mapping[str, int] = field(default_factory=dict)
-    # What changed in the neighbour table: departed, suspected, replaced (gone -> stand-in), returned, reported_left (news).
+    # What changed in the neighbour table: departed, suspected, replaced (gone -> stand-in), returned, back (a
+    # departed member's signed return), claimed_left (news of a departure without the member's signature: probed).
     neighbours: Mapping[str, Any] = field(default_factory=dict)
     peers_refused: Mapping[str, str] = field(default_factory=dict)   # claims over a bound (peer_claims)
     sat_out: Sequence[str] = ()                  # neighbours sitting this round out with nothing to take

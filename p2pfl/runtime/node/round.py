@@ -32,6 +32,7 @@ from p2pfl.runtime.precision import quantize
 from p2pfl.runtime.run_folder import ArtefactSink
 from p2pfl.runtime.safeguard import Safeguard
 from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.statements import sign_statement
 from p2pfl.runtime.strategy import PeerModel, RoundContext, Strategy, overrides
 from p2pfl.runtime.timing import PhaseClock
 from p2pfl.training.config import TrainConfig
@@ -78,6 +79,11 @@ class Round:
         self.clock = PhaseClock(phase, sync=_synchronizer(kit.parts.device))
         return time.time()
 
+    def _forged(self, member: str, event: int) -> str:
+        """A statement about `member` signed with this node's key (valid only about itself): what a
+        `membership-lie` attacker can put in its news."""
+        return sign_statement(self.kit.parts.key, self.kit.parts.transport.run, member, event).text
+
     def _epsilon(self) -> float | str | None:
         privacy = self.kit.parts.privacy
         return epsilon_for_json(None if privacy is None else privacy.epsilon())
@@ -99,6 +105,8 @@ class Round:
         epsilon = self._epsilon()
         clock.switch("publish")
         meta = exchange.round_meta(r)
+        if parts.attack is not None:
+            meta = parts.attack.news(meta, kit.neighbours.members, ctx.node_id, self._forged, r)
         if strategy.shared_parts:
             shared = {p: host_snapshot(part_state(parts.model, p)) for p in strategy.shared_parts}
             if parts.attack is not None:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.metadata import Schema
 from p2pfl.runtime.rejections import RejectionLog
+from p2pfl.runtime.statements import Statement
 from p2pfl.runtime.transport.limits import ServerLimits
 from p2pfl.runtime.transport.stores import DEFAULT_HELD_BYTES, SETUP_PREFIX
 from p2pfl.wire import Message, NodeKey, ReplayGuard, Roster, WireLimits
@@ -43,7 +44,8 @@ class Transport(Protocol):
 
     def attach(self, *, expected_for: Callable[[str, str], ExpectedTensors | None], on_message: Callable[[Message], None],
                status: Callable[[], dict[str, Any]], meta_schema_for: Callable[[str, str], Schema | None],
-               on_departed: Callable[[str, str], None] | None = None) -> None:
+               on_departed: Callable[[str, str], None] | None = None,
+               on_statement: Callable[[Statement], None] | None = None) -> None:
         """Who judges and takes what arrives (the node), set once before `start`."""
 
     async def start(self, host: str, port: int) -> None:
@@ -81,7 +83,13 @@ class Transport(Protocol):
     async def push(self, target: str, *, kind: str, part: str, round_: int, version: int,
                    tensors: Mapping[str, Any], meta: Mapping[str, Any], timeout: float) -> bool: ...
 
-    async def say_goodbye(self, targets: list[str], reason: str, timeout: float = 3.0) -> None: ...
+    async def say_goodbye(self, targets: list[str], reason: str, before_round: int, timeout: float = 3.0) -> None: ...
+
+    async def say_back(self, targets: Iterable[str], first_round: int, timeout: float = 3.0) -> Statement: ...
+
+    def own_statement(self, event: int) -> Statement: ...
+
+    def take_back(self, statement: Statement) -> None: ...
 
     async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None: ...
 
@@ -107,6 +115,7 @@ class TransportSettings:
     tls: Any = None                     # an ssl.SSLContext for HTTPS (http only)
     pins: Mapping[str, str] = field(default_factory=dict)  # peer id -> certificate fingerprint (http only)
     log: logging.Logger | None = None
+    run: str = ""                       # this run's tag: signed membership statements are bound to it
 
 
 TransportFactory = Callable[[TransportSettings], Transport]

@@ -16,8 +16,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from p2pfl.runtime.accounting import CONTROL
-from p2pfl.runtime.metadata import GOODBYE_META, Schema, check_meta
+from p2pfl.runtime.metadata import BACK_META, GOODBYE_META, Schema, check_meta
 from p2pfl.runtime.rejections import RejectionLog
+from p2pfl.runtime.statements import Statement
+from p2pfl.runtime.transport.departures import BACK, GOODBYE, Departures
 from p2pfl.runtime.transport.presence import PeerPresence
 from p2pfl.runtime.transport.stores import SETUP_PREFIX, PartStore, Published, SetupStore
 from p2pfl.wire import EncodedBody, Frame, Message, ReplayGuard, WireError, encode_body, open_message, seal_frame
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
 
 ExpectedSpec = Mapping[str, tuple[tuple[int, ...], str]]
 REJECTED = "rejected"  # bytes of messages that failed validation still crossed the wire
-GOODBYE = "goodbye"  # kind of the signed message a failing node sends so that nobody waits for it
 MAX_WAIT_S = 600.0
 MAX_VERSION = 2**62
 
@@ -49,7 +50,7 @@ class Refused(Exception):
         self.status, self.text = status, text
 
 
-class Carrier(PeerPresence):
+class Carrier(PeerPresence, Departures):
     def __init__(self, settings: TransportSettings) -> None:
         self.settings = settings
         self.node_id = settings.node_id
@@ -65,8 +66,12 @@ class Carrier(PeerPresence):
         self.on_message: Callable[[Message], None] = lambda message: None
         self.status: Callable[[], dict[str, Any]] = dict
         self.on_departed: Callable[[str, str], None] | None = None
-        # Peers that said goodbye: fetches from them end at once, now and in later rounds.
+        self.on_statement: Callable[[Statement], None] | None = None
+        self.run = settings.run  # statements signed in another run do not verify here
+        # Peers that said goodbye: fetches from them end at once, and their reads and pushes are
+        # refused (410), until their own signed return (`BACK`) of a later round.
         self.departed: dict[str, str] = {}
+        self.goodbyes: dict[str, Statement] = {}
         self._inflight: dict[str, set[asyncio.Future[Message | None]]] = {}
         self.replay = ReplayGuard(max_skew_s=settings.max_skew_s)
         self.log = settings.log or logging.getLogger(f"p2pfl.{settings.node_id}")
@@ -97,10 +102,12 @@ class Carrier(PeerPresence):
 
     def attach(self, *, expected_for: Callable[[str, str], ExpectedSpec | None], on_message: Callable[[Message], None],
                status: Callable[[], dict[str, Any]], meta_schema_for: Callable[[str, str], Schema | None],
-               on_departed: Callable[[str, str], None] | None = None) -> None:
-        """Who handles what arrives: built before its node, the carrier learns it here (before `start`)."""
+               on_departed: Callable[[str, str], None] | None = None,
+               on_statement: Callable[[Statement], None] | None = None) -> None:
+        """Who handles what arrives: built before its node, the carrier learns it here (before `start`).
+        `on_statement` hears each verified goodbye and return, with the member's signed statement."""
         self.expected_for, self.on_message, self.status = expected_for, on_message, status
-        self.meta_schema_for, self.on_departed = meta_schema_for, on_departed
+        self.meta_schema_for, self.on_departed, self.on_statement = meta_schema_for, on_departed, on_statement
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -149,6 +156,9 @@ class Carrier(PeerPresence):
     async def answer_read(self, part: str, min_version: int, wait: float, requester: str) -> Frame:
         """The sealed frame of the earliest held version >= `min_version` of `part` for a verified
         `requester`, waiting up to `wait`; `Refused` (status, text) where there is none."""
+        if requester in self.departed:  # as its pushes: a goodbye holds until its signed return
+            raise Refused(410, f"{requester} said goodbye ({self.departed[requester] or 'no reason given'}); "
+                               "a signed return of a later round takes it back")
         store: PartStore = self.setup_store if part.startswith(SETUP_PREFIX) else self.store
         if part.startswith(SETUP_PREFIX):
             published = await self.setup_store.wait_for_part(min_version, wait, part)
@@ -177,9 +187,9 @@ class Carrier(PeerPresence):
         """The tensors a pushed message with this authenticated head must carry. Before any body
         byte is read, refuses (a `WireError`) a kind or part this node does not take, meta off its
         schema, and a replayed or stale head."""
-        if header.kind == GOODBYE:
+        if header.kind in (GOODBYE, BACK):
             expected: ExpectedSpec | None = {}
-            schema: Schema | None = GOODBYE_META
+            schema: Schema | None = GOODBYE_META if header.kind == GOODBYE else BACK_META
         else:
             expected, schema = self.expected_for(header.kind, header.part), self.meta_schema_for(header.kind, header.part)
         if expected is None:
@@ -187,13 +197,19 @@ class Carrier(PeerPresence):
         if schema is not None:
             check_meta(header.meta, schema)
         self.replay.check(header.sender, header.seq, header.timestamp)
+        if header.kind in (GOODBYE, BACK):
+            self.statement_in(header)
         return expected
 
     def take(self, message: Message) -> tuple[int, str]:
         """A verified pushed message handed to the node: (status, text) as the inbox answers it."""
-        if message.header.kind == GOODBYE:
+        if message.header.kind in (GOODBYE, BACK):
             self.counter.received(CONTROL, message.total_bytes, 0)
-            self._depart(message.header.sender, str(message.header.meta.get("reason", "")))
+            statement = self.statement_in(message.header)
+            if message.header.kind == GOODBYE:
+                self._depart(message.header.sender, str(message.header.meta.get("reason", "")), statement)
+            else:
+                self.take_back(statement)
             return 202, "accepted"
         if message.header.sender in self.departed:  # gone is gone: nothing it sends later is taken
             self.counter.received(REJECTED, message.total_bytes, 0)
@@ -208,17 +224,6 @@ class Carrier(PeerPresence):
             return status, str(exc)[:1000]
         self.counter.received(message.header.part or message.header.kind, message.total_bytes, message.param_bytes)
         return 202, "accepted"
-
-    def _depart(self, peer: str, reason: str) -> None:
-        if peer in self.departed:
-            return
-        self.departed[peer] = reason
-        self.store.forget_reader(peer)
-        self.log.warning("%s said goodbye (%s); not waiting for it again", peer, reason or "no reason given")
-        for task in self._inflight.pop(peer, set()):
-            task.cancel()
-        if self.on_departed is not None:
-            self.on_departed(peer, reason)
 
     # ---- the medium: a carrier's own -----------------------------------------------------
     _listen_at: tuple[str, int] = ("", 0)  # where `start` was asked to serve: `listen` serves there again
@@ -277,11 +282,3 @@ class Carrier(PeerPresence):
             if not task.done():  # this fetch itself was cancelled
                 task.cancel()
         return None if task.cancelled() else task.result()
-
-    async def say_goodbye(self, targets: list[str], reason: str, timeout: float = 3.0) -> None:
-        """Tell `targets` (signed) that this node is gone, so none of them waits for it again."""
-        await asyncio.gather(*(
-            self.push(t, kind=GOODBYE, part="", round_=0, version=0, tensors={}, meta={"reason": reason[:500]},
-                      timeout=timeout)
-            for t in targets
-        ))

@@ -124,7 +124,7 @@ def test_a_departed_node_is_never_asked_again_and_its_later_messages_are_refused
         for node in (a, b):
             await node.transport.start(node.config.host, node.config.port)
         try:
-            await b.transport.say_goodbye([a.config.id], "leaving")
+            await b.transport.say_goodbye([a.config.id], "leaving", before_round=1)
             pushed = await b.transport.push(a.config.id, kind="model", part="full", round_=1, version=1,
                                             tensors=state, meta={"n_train": 24}, timeout=2.0)
             fetched = await a.transport.fetch(b.config.id, "full", 1, timeout=2.0)
@@ -206,8 +206,8 @@ def test_a_strategy_that_shares_nothing_joins_and_comes_back_by_round_alone(tmp_
 def test_joins_and_departures_spread_as_news_beyond_the_neighbours_told(tmp_path: Path) -> None:
     """A ring of six: node-5 joins in round 2 and node-2 leaves before round 5. node-2's goodbye
     goes to its two neighbours only; the nodes further away hear of it with the parts they fetch,
-    as they heard of node-5, and the neighbours node-2 leaves take node-5, the member news says is
-    live, as their stand-in."""
+    as its own signed statement relayed verbatim (as they heard of node-5's join), and take it as
+    final: node-2 is departed everywhere, told or not; its neighbours draw stand-ins."""
     ring = [[(i - 1) % 6, (i + 1) % 6] for i in range(6)]
     scripts = [NodeScript()] * 6
     scripts[5], scripts[2] = NodeScript(join=2), NodeScript(leave=5)
@@ -215,14 +215,18 @@ def test_joins_and_departures_spread_as_news_beyond_the_neighbours_told(tmp_path
     nodes = code_nodes(tmp_path, 6, ring, settings=settings, scripts=scripts)
     results = run_all(nodes)
     assert results[2]["status"] == "left"
-    for far in (0, 4, 5):  # not node-2's neighbours: never told, they heard
+    goodbye = nodes[1].transport.goodbyes["node-2"]
+    assert goodbye.event == -5
+    for far in (0, 4, 5):  # not node-2's neighbours: never told, they heard its own word
         assert "node-2" not in nodes[far].transport.departed
-        assert "node-2" in nodes[far].neighbours.reported_left, far
+        assert "node-2" in nodes[far].neighbours.departed, far
+        assert nodes[far].neighbours.statements["node-2"][0].text == goodbye.text
     for near in (1, 3):
         assert nodes[near].transport.departed.keys() == {"node-2"}  # told, signed
         changes = [r["neighbours"] for r in results[near]["rounds"] if r.get("neighbours")]
-        assert changes[0]["replaced"] == {"node-2": "node-5"}  # the member heard to have joined
-        assert "node-5" in results[near]["rounds"][-1]["arrived"]
+        [(gone, stand_in)] = changes[0]["replaced"].items()
+        assert gone == "node-2" and stand_in not in ("node-2", f"node-{near}")
+        assert stand_in in results[near]["rounds"][-1]["arrived"]
     assert "node-5" in nodes[3].neighbours.heard_live  # two hops from the joiner
     assert all(r["status"] == "ok" for i, r in enumerate(results) if i != 2)
     assert_no_wait_paid(results)

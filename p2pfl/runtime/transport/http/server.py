@@ -173,22 +173,24 @@ class HttpServer:
             head = prefix + await read(head_length(prefix, total, self.limits) - len(prefix))
             header = authenticate_head(head, total=total, roster=self.roster, recipient=self.node_id, limits=self.limits)
             sender, verified = header.sender, True
-            connection_signed_by(self, request.transport, header.sender)
-            wait_s = self.member_rates.take(header.sender)
-            if wait_s > 0:
-                self.counter.received(REJECTED, received, 0)
-                return self._rate_limited(header.sender, wait_s)
-            # A kind not taken, or a replayed or stale head, is refused before its body is read; and
-            # the bodies read at once share one budget, so signed uploads held a byte short cannot pile up.
+            # A kind not taken, or a replayed or stale head, is refused before its body is read, and
+            # before anything is charged to its signer: a head anyone saw on the wire (plain HTTP)
+            # and replays must not spend the signer's tokens nor make a connection count as its.
             expected = self.accepted(header)
-            body_bytes = total - len(head)
-            budget = self.server_limits.max_buffered_body_bytes
             # One head per sequence number: the replay guard records a seq once its frame is whole,
             # so heads sharing one would otherwise each hold a place while their bodies come.
             if (header.sender, header.seq) in self.reading_seqs:
                 self.counter.received(REJECTED, received, 0)
                 return self._reject(header.sender, 409, f"seq {header.seq} of {header.sender} is already being read",
                                     kind="replayed")
+            connection_signed_by(self, request.transport, header.sender)
+            wait_s = self.member_rates.take(header.sender)
+            if wait_s > 0:
+                self.counter.received(REJECTED, received, 0)
+                return self._rate_limited(header.sender, wait_s)
+            # The bodies read at once share one budget, so signed uploads held a byte short cannot pile up.
+            body_bytes = total - len(head)
+            budget = self.server_limits.max_buffered_body_bytes
             # Each member's share of the budget (at least one message's worth): one member's heads
             # whose bodies never come cannot take what the others' pushes need.
             share = max(self.limits.max_message_bytes, budget // max(1, len(self.roster)))
