@@ -3,6 +3,8 @@ and after it ended, and the page of a compare folder.
 
     python benchmarks/dashboard_screenshots.py [--scenario scenarios/quickstart.toml]
         [--set rounds=30 ...] [--compare runs/poison/clean_b1] [--kill node-1] [--out docs]
+    python benchmarks/dashboard_screenshots.py --folder ALPHA/run   # a finished folder only (a federation
+                                                                    # member's): dashboard_member.png
 
 `--kill NODE` sends SIGKILL to that node's process (RUN/pids.json) once the "during" picture is
 taken, and pictures the live page once it shows the node crashed (dashboard_killed.png).
@@ -73,11 +75,21 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, default=None, help="a compare folder to picture as well")
     parser.add_argument("--kill", default=None, help="a node to kill -9 after the 'during' picture")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
+    parser.add_argument("--folder", type=Path, default=None, help="picture this finished folder only, run nothing")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
         raise SystemExit("needs a headless Chromium (Debian package `chromium`)")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.folder is not None:
+        [port] = free_ports(1, "127.0.0.1")
+        server = serve(args.folder, port)
+        try:
+            screenshot(chromium, port, args.out / "dashboard_member.png", 1600)
+        finally:
+            server.terminate()
+            server.wait()
+        return
     overrides = args.overrides if args.overrides is not None else ["rounds=30"]
     run_dir = ROOT / "runs" / "dashboard_screenshots"
     live_port, page_port = free_ports(2, "127.0.0.1")

@@ -41,6 +41,8 @@ class Round:
     bytes_sent: int
     bytes_received: int
     raw: Mapping[str, Any] = field(repr=False)
+    metrics: Mapping[str, float] = field(default_factory=dict)     # the strategy's `evaluate` this round
+    fit_config: Mapping[str, Any] = field(default_factory=dict)    # its `fit_config` (a learning rate)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Round:
@@ -48,7 +50,8 @@ class Round:
                    test_acc_aggregated=d.get(TEST_ACC_AGGREGATED), train_loss=d.get("train_loss"),
                    wall_s=d.get("wall_s", 0.0), epsilon=d.get("epsilon"), asked=d.get("asked", 0),
                    arrived=tuple(d.get("arrived", ())), bytes_sent=d.get("bytes_sent", 0),
-                   bytes_received=d.get("bytes_received", 0), raw=d)
+                   bytes_received=d.get("bytes_received", 0), raw=d, metrics=dict(d.get("metrics") or {}),
+                   fit_config=dict(d.get("fit_config") or {}))
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from p2pfl.runtime.resources import host_many_nodes, raise_open_file_limit, rele
 from p2pfl.runtime.run_folder import RecordAppender, RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings
-from p2pfl.runtime.status import PROGRESS_PREFIX, exit_status
+from p2pfl.runtime.status import PROGRESS_ENV, PROGRESS_PREFIX, exit_status
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.scenario.carriers import build_carrier
@@ -285,7 +285,11 @@ def run_worker(config_paths: Sequence[Path], resume: bool = False, together: boo
 
 
 def run_node(config: NodeConfig, resume: bool = False, together: bool = False, join: bool = False) -> int:
-    logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
+    # Started by hand, a node logs to its terminal and to the run folder's logs/, as under a launcher
+    # (which sends the process's stderr there itself).
+    by_hand = not os.environ.get(PROGRESS_ENV)
+    logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s",
+                   also_to=RunFolder(config.out).log(config.id) if by_hand else None)
     members = None
     if config.federation is None:
         logging.getLogger("p2pfl").info("trains on slice %d of the scenario's partition (the roster's order)",
@@ -309,9 +313,9 @@ def _hosting(configs: Sequence[NodeConfig], resume: bool, together: bool = False
     for config in configs:  # running again (--resume): no longer the process the launcher saw die
         RunFolder(config.out).node_exit(config.id).unlink(missing_ok=True)
     try:
-        # Machine lines for whoever reads this process's stdout (the launcher, a pipe); a person
-        # at a terminal reads the per-round log lines instead.
-        on_round: RoundCallback | None = None if sys.stdout.isatty() else (
+        # Machine lines for the launcher that started this process (it says so in the environment);
+        # a node started by hand, at a terminal or through a pipe, logs its rounds instead.
+        on_round: RoundCallback | None = None if not os.environ.get(PROGRESS_ENV) else (
             print_progress if len(configs) == 1 else BatchedProgress(sys.stdout))
         return asyncio.run(host_nodes(configs, resume=resume, together=together, join=join, on_round=on_round,
                                       members=members))

@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--url", default=None, help="how peers reach this node, e.g. http://192.0.2.10:9000")
     keygen.add_argument("--tls", action="store_true", help="add the certificate fingerprint (runtime.tls = true)")
     keygen.add_argument("--force", action="store_true", help="replace an existing key file")
+    keygen.add_argument("--federation", action="store_true",
+                        help="for a federation's member: no roster entry, the .pub file goes to the operator")
 
     roster = sub.add_parser("roster", help="the shared roster of a LAN deployment")
     roster_sub = roster.add_subparsers(dest="roster_command", required=True)
@@ -288,9 +290,13 @@ def _keygen(args: argparse.Namespace) -> int:
         parse_peer({"url": url, "public_key": key.public_hex}, "--url")
     key.save(path)
     path.with_suffix(".pub").write_text(key.public_hex + "\n")  # for `p2pfl federation admit`
-    info = PeerInfo(url, key.public_hex, fingerprint(key, args.node_id) if args.tls else None)
     print(f"# private key: {path} (mode 600; it never leaves this host); public key: {path.with_suffix('.pub')}",
           file=sys.stderr)
+    if args.federation:  # admission is by certificate: nobody keeps a roster
+        print(f"give {path.with_suffix('.pub')} to the federation's operator: p2pfl federation admit "
+              f"{path.with_suffix('.pub')} --id {args.node_id} --dir FED --out {args.node_id}.cert")
+        return 0
+    info = PeerInfo(url, key.public_hex, fingerprint(key, args.node_id) if args.tls else None)
     if args.url is None:
         print("# replace HOST:PORT with the address peers reach this host at", file=sys.stderr)
     if args.node_id == COORDINATOR_ID:

@@ -22,7 +22,8 @@ def set_level(level: str) -> None:
     os.environ[LEVEL_ENV] = level.upper()
 
 
-def configure(fmt: str = FORMAT, filename: Path | None = None) -> None:
+def configure(fmt: str = FORMAT, filename: Path | None = None, also_to: Path | None = None) -> None:
+    """Log to stderr, or to `filename` instead; `also_to`: a file that gets the same lines as stderr."""
     level = os.environ.get(LEVEL_ENV, "INFO").upper()
     if level not in LEVELS:
         level = "INFO"
@@ -30,6 +31,11 @@ def configure(fmt: str = FORMAT, filename: Path | None = None) -> None:
         logging.basicConfig(level=level, stream=sys.stderr, format=fmt, force=True)
     else:
         logging.basicConfig(level=level, filename=filename, format=fmt, force=True)
+    if also_to is not None:
+        also_to.parent.mkdir(parents=True, exist_ok=True)
+        copy = logging.FileHandler(also_to)
+        copy.setFormatter(logging.Formatter(fmt))
+        logging.getLogger().addHandler(copy)
     limit_library_logs()
 
 

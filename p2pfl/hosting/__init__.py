@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from p2pfl.runtime.status import PROGRESS_ENV
+
 Hosts = dict[str, tuple[list[str], Awaitable[dict[str, int]]]]  # host name -> its node ids, and their exit statuses
 Progress = Callable[[int], None]  # rounds finished so far over every node of the run
 # A run resumed by the launcher resumes every node at once: each replays from its own checkpoint,
@@ -29,7 +31,8 @@ FORKED = "forked"  # the process that forks each node's (placement "process"), a
 
 def node_env(threads: int) -> dict[str, str]:
     """The environment of a p2pfl process this launcher starts: unbuffered, `threads` BLAS threads."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                **{PROGRESS_ENV: "1"})
 
 
 def tie_to_parent() -> None:

@@ -84,19 +84,20 @@ def _accuracy_against_bytes(rows: Mapping[str, list[dict[str, Any]]], out: Path)
     points = bytes_points(rows)
     if not points:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     for i, (label, (mib, trained, aggregated)) in enumerate(points.items()):
         colour = f"C{i % 10}"
         x = float(np.mean(mib))
-        ax.errorbar(x, np.mean(trained), xerr=np.std(mib), yerr=np.std(trained), fmt="o", color=colour,
+        trained_pct, aggregated_pct = 100 * np.asarray(trained, float), 100 * np.asarray(aggregated, float)
+        ax.errorbar(x, trained_pct.mean(), xerr=np.std(mib), yerr=trained_pct.std(), fmt="o", color=colour,
                     capsize=3, label=label)
-        ax.errorbar(x, np.mean(aggregated), yerr=np.std(aggregated), fmt="o", mfc="none", color=colour, capsize=3)
+        ax.errorbar(x, aggregated_pct.mean(), yerr=aggregated_pct.std(), fmt="o", mfc="none", color=colour, capsize=3)
     ax.set_xscale("log")
     ax.set_xlabel("MiB sent per node over the run (all frames)")
-    ax.set_ylabel("final mean test accuracy")
+    ax.set_ylabel("final mean test accuracy (%)")  # in percent, as the tables print it
     ax.set_title("accuracy against bytes (filled: after training; hollow: after aggregation)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the points, never over them
     return save_figure(fig, out / "accuracy_vs_bytes.png")
 
 

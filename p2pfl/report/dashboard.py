@@ -32,7 +32,9 @@ from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
+from p2pfl.scenario.membership import EVENTS as MEMBERSHIP_EVENTS
 from p2pfl.scenario.deaths import read_death
+from p2pfl.report.tensorboard import hook_scalars
 from p2pfl.scenario.results import format_summary
 from p2pfl.scenario.trust import run_trust, trust_places
 from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, accuracies
@@ -170,8 +172,10 @@ def _heatmaps(run_dir: Path, ids: list[str]) -> dict[str, Any]:
     return heatmaps
 
 
-def _membership(nodes: list[dict[str, Any]], rounds_total: int, per_node: bool) -> dict[str, Any]:
-    """A run with churn: how many nodes ran each round so far, and (few nodes) who: 1 ran it, 0 not."""
+def _membership(nodes: list[dict[str, Any]], rounds_total: int, per_node: bool,
+                events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A run with churn: how many nodes ran each round so far, and (few nodes) who: 1 ran it, 0 not,
+    with each node's events (joined, left, crashed, restarted, revoked) where they happened."""
     ran = {n["id"]: {r["round"] for r in n["records"]} for n in nodes}
     last = max((max(rs) for rs in ran.values() if rs), default=0)
     out: dict[str, Any] = {"rounds": list(range(1, last + 1)),
@@ -180,6 +184,7 @@ def _membership(nodes: list[dict[str, Any]], rounds_total: int, per_node: bool) 
     if per_node:
         out["ids"] = list(ran)
         out["grid"] = [[1 if k in ran[nid] else 0 for k in range(1, last + 1)] for nid in ran]
+        out["events"] = events or []
     return out
 
 
@@ -198,11 +203,13 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     if not folder.scenario.is_file():
         return {"ready": False}
     scenario = json.loads(folder.scenario.read_text())
-    ids = node_ids(scenario["nodes"])
+    named, traced = node_ids(scenario["nodes"]), folder.traced_ids()
+    ids = traced if not set(traced) <= set(named) else named  # a federation member's folder: its own name
     rounds_total = scenario["rounds"]
     nodes = []
     ended_walls: dict[str, float | None] = {}  # the nodes that wrote a result: their wall
     raw: list[dict[str, Any]] = []  # each node's round records as written, for the trust over the run
+    events: list[dict[str, Any]] = []  # each node's membership events, for the membership grid
     per_node = len(ids) <= PER_NODE_MAX
     for nid in ids:
         rounds = _rounds(folder.node_rounds(nid))
@@ -216,6 +223,11 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         error = result.get("error") if result else (f"{death['cause']} after round {death['after_round']}; resume "
                                                     f"it: {death['resume']}" if death else None)
         raw.append({"id": nid, "rounds": rounds})
+        for event in (result.get("membership") or []) if result else []:
+            if isinstance(event, dict) and event.get("event") in MEMBERSHIP_EVENTS and type(event.get("round")) is int:
+                events.append({"id": nid, "round": event["round"], "event": event["event"]})
+        if death:  # died without a result: marked where its records end
+            events.append({"id": nid, "round": (rounds[-1]["round"] + 1) if rounds else 1, "event": "crashed"})
         # A sat-out round's own `test_acc` is the held aggregate; the curve shows the latest training.
         trained = accuracies(rounds, TEST_ACC)
         records = [{
@@ -224,7 +236,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "train_loss": _finite(r.get("train_loss")), "test_loss": _finite(r.get("test_loss")),
             "mib_received": (_finite(r.get("bytes_received")) or 0.0) / 2**20,
             "epsilon": _finite(r.get("epsilon")),
-            "started_at": _finite(r.get("started_at")), "time": _phase_times(r),
+            "started_at": _finite(r.get("started_at")), "time": _phase_times(r), **hook_scalars(r),
         } for r, acc in zip(rounds, trained)]
         nodes.append({
             "id": nid, "status": status, "round": rounds[-1]["round"] if rounds else 0,
@@ -244,7 +256,9 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         node["log"] = log_tail(folder.log(node["id"]))
     results = results_doc
     here = [n for n in nodes if n["status"] != ELSEWHERE]
-    done = results is not None or (len(here) < len(nodes) and all(n["status"] not in _RUNNING for n in here))
+    member_folder = ids is traced  # a federation member's: only its own node is here to wait for
+    done = results is not None or ((len(here) < len(nodes) or member_folder) and bool(here)
+                                   and all(n["status"] not in _RUNNING for n in here))
     # A node that ended (isolated, failed, out of budget) has no rounds left to wait for.
     node_rounds_done = sum(rounds_total if n["status"] not in _RUNNING else n["round"] for n in here)
     node_rounds_total = len(here) * rounds_total
@@ -269,9 +283,12 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                              if line.strip()]
         except (KeyError, TypeError, ValueError, AttributeError):  # a results.json of another version
             summary_lines = []
-    membership = _membership(nodes, rounds_total, per_node) if "churn" in scenario else None
+    membership = _membership(nodes, rounds_total, per_node, events) if "churn" in scenario or events else None
     curves = {key: round_bands(nodes, key) for key in
               (TEST_ACC, TEST_ACC_AGGREGATED, "train_loss", "test_loss", "mib_received", "epsilon")}
+    # The strategy hooks' numbers (evaluate's metrics, fit_config's learning rate), each its own curve.
+    hooks = sorted({k for n in nodes for r in n["records"] for k in r if k.startswith(("metrics/", "fit/"))})
+    hook_curves = {key: round_bands(nodes, key) for key in hooks}
     round_time = _round_time(nodes)
     for node in nodes:
         records = node.pop("records")
@@ -280,7 +297,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     return {
         "ready": True, "kind": "run", "name": scenario["name"], "algorithm": scenario["algorithm"]["name"],
         "rounds": rounds_total, "nodes": nodes, "phases": list(PHASES), "per_node": per_node,
-        "heatmaps": {**_heatmaps(run_dir, ids), **_trust_heatmap(raw, ids)}, "curves": curves, "round_time": round_time, "membership": membership,
+        "heatmaps": {**_heatmaps(run_dir, ids), **_trust_heatmap(raw, ids)}, "curves": curves, "hooks": hook_curves, "round_time": round_time, "membership": membership,
         "progress": {"done": node_rounds_done, "total": node_rounds_total,
                      "elapsed_s": wall if wall is not None else elapsed,
                      "eta_s": 0.0 if done else estimate_eta(node_rounds_done, node_rounds_total, elapsed)},

@@ -9,6 +9,7 @@ from pathlib import Path
 from p2pfl.report.compare_figures import report_compare
 from p2pfl.report.run_figures import report_run
 from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.config import node_ids
 
 
 def make_report(folder: Path) -> list[Path]:
@@ -41,5 +42,9 @@ def merge_node_results(folder: Path) -> bool:
     scenario = scenario_from_dict(stored_as_made(json.loads(run.scenario.read_text())), source=str(run.scenario))
     walls = [json.loads(p.read_text()).get("wall_s", 0.0) for p in results]
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed, only=[])
-    write_results(scenario, folder, {}, max(walls), partition.ground_truth())
+    named, traced = node_ids(scenario.nodes), run.traced_ids()
+    # A federation's members go by their own names (alpha, beta...): gather those; a roster LAN
+    # run's nodes by the scenario's node-i.
+    ids = traced if not set(traced) <= set(named) else named
+    write_results(scenario, folder, {}, max(walls), partition.ground_truth(), ids=ids)
     return True

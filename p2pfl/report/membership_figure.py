@@ -1,5 +1,5 @@
 """The membership timeline of a run with churn: a node-by-round grid of who was live, sat out or
-absent, with each join, departure, crash and restart marked where it happened."""
+absent, with each join, departure, crash, restart and revocation marked where it happened."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from p2pfl.report.style import round_axis, save_figure
 
 ABSENT, SAT_OUT, LIVE = 0, 1, 2
 MARKERS = {"joined": ("o", "tab:green"), "left": ("s", "tab:purple"), "crashed": ("X", "tab:red"),
-           "restarted": ("^", "tab:blue")}
+           "restarted": ("^", "tab:blue"), "revoked": ("D", "black")}
 MAX_ROWS = 60  # more nodes than this: the rows are the nodes with events first, then the others in order
 
 
@@ -25,7 +25,7 @@ def plot_membership(results: Mapping[str, Any], out: Path) -> Path | None:
     if not timeline:
         return None
     ids = [n["id"] for n in results["nodes"]]
-    eventful = [i for i in ids if any(i in entry[e] for entry in timeline for e in MARKERS)]
+    eventful = [i for i in ids if any(i in entry.get(e, ()) for entry in timeline for e in MARKERS)]
     rows = (eventful + [i for i in ids if i not in eventful])[:MAX_ROWS] if len(ids) > MAX_ROWS else ids
     row_of = {nid: k for k, nid in enumerate(rows)}
     grid = np.full((len(rows), len(timeline)), ABSENT)
@@ -39,10 +39,12 @@ def plot_membership(results: Mapping[str, Any], out: Path) -> Path | None:
     ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=ListedColormap(["white", "#c9d9ec", "#5b8fc9"]),
               vmin=0, vmax=2, extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(rows) - 0.5, -0.5))
     for kind, (marker, colour) in MARKERS.items():
-        points = [(entry["round"], row_of[nid]) for entry in timeline for nid in entry[kind] if nid in row_of]
+        points = [(entry["round"], row_of[nid]) for entry in timeline for nid in entry.get(kind, ()) if nid in row_of]
         if points:
             xs, ys = zip(*points)
-            ax.scatter(xs, ys, marker=marker, color=colour, s=36, label=kind, zorder=3, edgecolors="white", linewidths=0.5)
+            # Not clipped: a marker on the first or last row or round is drawn whole, over the frame.
+            ax.scatter(xs, ys, marker=marker, color=colour, s=36, label=kind, zorder=3, edgecolors="white", linewidths=0.5,
+                       clip_on=False)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(rows, fontsize=6 if len(rows) > 20 else 8)
     shown = "" if len(rows) == len(ids) else f" ({len(rows)} of {len(ids)} nodes: those with events first)"

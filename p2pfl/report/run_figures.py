@@ -241,6 +241,30 @@ def plot_scalar_records(results: Mapping[str, Any], key: str, out: Path, ylabel:
     return save_figure(fig, out / f"{key}.png")
 
 
+def plot_hooks(results: Mapping[str, Any], out: Path) -> Path | None:
+    """hooks.png: the strategy hooks' numbers per round, one panel each (`evaluate`'s metrics,
+    `fit_config`'s settings such as a learning-rate schedule), each node's line; None without any."""
+    from p2pfl.report.tensorboard import hook_scalars
+
+    series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for node in results["nodes"]:
+        for record in node.get("rounds") or []:
+            for tag, value in hook_scalars(record).items():
+                series.setdefault(tag, {}).setdefault(node["id"], []).append((record["round"], value))
+    if not series:
+        return None
+    tags = sorted(series)
+    fig, axes = plt.subplots(len(tags), 1, figsize=(7, 2.6 * len(tags)), sharex=True, squeeze=False)
+    for ax, tag in zip(axes[:, 0], tags):
+        plot_nodes(ax, [(node_label(results, n), series[tag].get(n["id"], [])) for n in results["nodes"]
+                        if n["id"] in series[tag]])
+        ax.set_ylabel(tag, fontsize=8)
+        ax.grid(alpha=0.3)
+    round_axis(axes[-1, 0])
+    axes[0, 0].set_title("the strategy's hooks per round (metrics: evaluate; fit: fit_config)", fontsize=9)
+    return save_figure(fig, out / "hooks.png")
+
+
 def plot_relevance_scores(scores: Mapping[str, Any], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     rounds = [r["round"] for r in scores["per_round"]]
@@ -347,7 +371,7 @@ def report_run(run_dir: Path) -> list[Path]:
             paths.append(p)
     for p in (plot_coordinator_weights(results, out), plot_epsilon(results, out), plot_round_time(results, out),
               plot_client_indices(results, out), client_index_separation(results, out), plot_membership(results, out),
-              plot_trust(results, out), trust_table(results, out)):
+              plot_trust(results, out), trust_table(results, out), plot_hooks(results, out)):
         if p is not None:
             paths.append(p)
     return paths

@@ -85,9 +85,11 @@ def relevance_table(runs: Mapping[str, list[dict[str, Any]]]) -> str | None:
 
 
 def communication_table(runs: Mapping[str, list[dict[str, Any]]]) -> str:
-    """Parameter MiB downloaded by all nodes per round and in total, and the mean dynamic k per round."""
+    """Parameter MiB downloaded by all nodes per round and in total, and per round the mean number
+    of peers a node read: pFedSV's dynamic k where the strategy records one, else the peers whose
+    parts arrived (a top-k sparse row reads all its neighbours, each part thinned)."""
     rounds = sorted({r["round"] for results in runs.values() for res in results for n in res["nodes"] for r in n["rounds"]})
-    head = ["row", "total param MiB", *[f"r{r} MiB" for r in rounds], "mean k per round"]
+    head = ["row", "total param MiB", *[f"r{r} MiB" for r in rounds], "mean peers read per round (k)"]
     body = []
     for label, results in runs.items():
         per_round: dict[int, list[float]] = defaultdict(list)
@@ -99,6 +101,8 @@ def communication_table(runs: Mapping[str, list[dict[str, Any]]]) -> str:
                 for r in n["rounds"]:
                     received[r["round"]] += r["param_bytes_received"] / 2**20
                     k = r.get("strategy", {}).get("k")
+                    if not isinstance(k, (int, float)) and isinstance(r.get("arrived"), list) and r.get("asked"):
+                        k = len(r["arrived"])
                     if isinstance(k, (int, float)):
                         k_by_round[r["round"]].append(k)
             for round_, mib in received.items():

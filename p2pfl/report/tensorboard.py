@@ -1,7 +1,9 @@
 """A run's records as TensorBoard scalars, so a run can be looked at beside other TensorBoard runs:
 live while it goes (`p2pfl run --tensorboard DIR`) or after (`p2pfl export --tensorboard RUN`, a
 run folder or a compare folder). One TensorBoard run per node (`LOGDIR/node-3`) and one for the
-mean over nodes (`LOGDIR/mean`); the step is the round. Writing again replaces the event files
+mean over nodes (`LOGDIR/mean`, written live as each round ends at every node); the step is the
+round. Besides the runtime's scalars, a strategy's `evaluate` metrics (`metrics/<name>`) and its
+`fit_config` numbers (`fit/<name>`: a learning-rate schedule). Writing again replaces the event files
 it wrote before, so every scalar appears once. Needs the `tensorboard` extra
 (`pip install 'p2pfl-influence[tensorboard]'`)."""
 
@@ -34,6 +36,19 @@ SCALARS = {
 }
 
 
+def hook_scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The strategy hooks' numbers of a round record, as tags: `evaluate`'s metrics under
+    `metrics/<name>`, `fit_config`'s numeric settings (a learning rate) under `fit/<name>`."""
+    out: dict[str, float] = {}
+    for prefix, key in (("metrics", "metrics"), ("fit", "fit_config")):
+        table = record.get(key)
+        for name, value in (table.items() if isinstance(table, Mapping) else ()):
+            number = _number(value)
+            if number is not None:
+                out[f"{prefix}/{name}"] = number
+    return out
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None  # None, "inf" as text, a missing record
@@ -60,34 +75,53 @@ def clear_events(logdir: Path) -> None:
 
 
 class ScalarWriter:
-    """Round records in, scalars out: one writer per node, the mean over nodes at `close`."""
+    """Round records in, scalars out: one writer per node, and the mean over nodes of a round as
+    soon as `nodes` of them have it (live), the rest at `close` (a node that ended early)."""
 
-    def __init__(self, logdir: Path) -> None:
-        self.logdir, self.writer_class = logdir, _writer_class()
+    def __init__(self, logdir: Path, nodes: int | None = None) -> None:
+        self.logdir, self.writer_class, self.nodes = logdir, _writer_class(), nodes
         clear_events(logdir)
         self.writers: dict[str, Any] = {}
         self.by_round: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        self.mean: Any = None
+        self.written: set[tuple[str, int]] = set()  # the means written already
 
     def add(self, node: str, record: Mapping[str, Any]) -> None:
         writer = self.writers.get(node)
         if writer is None:
             writer = self.writers[node] = self.writer_class(log_dir=str(self.logdir / node))
-        for tag, key in SCALARS.items():
-            value = _number(record.get(key))
-            if value is not None and isinstance(record.get("round"), int):
-                writer.add_scalar(tag, value, record["round"])
-                self.by_round[tag][record["round"]].append(value)
+        if not isinstance(record.get("round"), int):
+            return
+        round_ = record["round"]
+        values = {tag: _number(record.get(key)) for tag, key in SCALARS.items()} | hook_scalars(record)
+        for tag, value in values.items():
+            if value is None:
+                continue
+            writer.add_scalar(tag, value, round_)
+            self.by_round[tag][round_].append(value)
+            if self.nodes is not None and len(self.by_round[tag][round_]) >= self.nodes:
+                self._write_mean(tag, round_)
+
+    def _write_mean(self, tag: str, round_: int) -> None:
+        if (tag, round_) in self.written:
+            return
+        if self.mean is None:
+            self.mean = self.writer_class(log_dir=str(self.logdir / "mean"))
+        self.mean.add_scalar(tag, statistics.fmean(self.by_round[tag][round_]), round_)
+        self.written.add((tag, round_))
 
     def flush(self) -> None:
-        for writer in self.writers.values():
+        for writer in [*self.writers.values(), *([self.mean] if self.mean is not None else [])]:
             writer.flush()
 
     def close(self, title: str) -> None:
-        with self.writer_class(log_dir=str(self.logdir / "mean")) as mean:
-            for tag, rounds in self.by_round.items():
-                for round_, values in sorted(rounds.items()):
-                    mean.add_scalar(tag, statistics.fmean(values), round_)
-            mean.add_text("run", title)
+        for tag, rounds in self.by_round.items():
+            for round_ in sorted(rounds):
+                self._write_mean(tag, round_)
+        if self.mean is None:
+            self.mean = self.writer_class(log_dir=str(self.logdir / "mean"))
+        self.mean.add_text("run", title)
+        self.mean.close()
         for writer in self.writers.values():
             writer.close()
 
@@ -152,7 +186,10 @@ def live_tensorboard(logdir: Path | None = None) -> Callable[[Path], AbstractAsy
 
     @asynccontextmanager
     async def writing(run_dir: Path) -> AsyncIterator[None]:
-        scalars, tail = ScalarWriter(logdir or run_dir / "tensorboard"), RoundTail(run_dir)
+        scenario = run_dir / "scenario.json"
+        nodes = json.loads(scenario.read_text()).get("nodes") if scenario.is_file() else None
+        scalars = ScalarWriter(logdir or run_dir / "tensorboard", nodes if isinstance(nodes, int) else None)
+        tail = RoundTail(run_dir)
 
         def take() -> None:
             for node, record in tail.new_records():

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from p2pfl.report.style import save_figure
-from p2pfl.scenario.trust import trust_places
+from p2pfl.scenario.trust import places, trust_places
 
 MAX_SHOWN = 60  # past this many nodes a node-by-peer picture is unreadable: the table has them all
 
@@ -74,7 +74,10 @@ def trust_table(results: Mapping[str, Any], out: Path) -> Path | None:
         last, worst = view["ranking"][-1], (view["conduct_ranking"] or [None])[-1]
         t = view["peers"][last]
         worst_conduct = "–" if worst is None else view["peers"][worst]["conduct"]
-        lines.append(f"| {nid} | {last} | {_num(t['score'])} | {_num(t['conduct'])} | {t['bounded']} ({t.get('bounded_counts', t['bounded'])}) | "
+        tied = [p for p, place in places(view["peers"]).items() if place == places(view["peers"])[last]]
+        # A tie at the bottom names nobody (FedAvg: every honest peer's conduct is 1).
+        named = last if len(tied) == 1 else f"none: {len(tied)} peers alike"
+        lines.append(f"| {nid} | {named} | {_num(t['score'])} | {_num(t['conduct'])} | {t['bounded']} ({t.get('bounded_counts', t['bounded'])}) | "
                      f"{t['refused']} | {t['silent']} | {worst or '–'} | {_num(worst_conduct)} |")
     lines += ["", "| peer | mean place (0 most trusted, 1 least) | ranked by |", "|---|---|---|"]
     for peer, view in sorted(trust["federation"].items(), key=lambda kv: -kv[1]["mean_place"]):

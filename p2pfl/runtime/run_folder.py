@@ -72,6 +72,13 @@ class RunFolder:
     def node_result(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.result.json"
 
+    def traced_ids(self, skip: frozenset[str] = frozenset({"coordinator"})) -> list[str]:
+        """The ids whose result or round log this folder holds (a federation member's folder: its
+        own id, which no scenario's `node-i` names)."""
+        found = {p.name.split(".")[0] for pattern in ("*.result.json", "*.rounds.jsonl")
+                 for p in (self.root / "nodes").glob(pattern)}
+        return sorted(found - skip)
+
     def node_rounds(self, node_id: str) -> Path:
         """One JSON line per finished round, appended as the node goes (what a live view reads)."""
         return self.root / "nodes" / f"{node_id}.rounds.jsonl"

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 PROGRESS_PREFIX = "P2PFL-PROGRESS "  # a node process's stdout line per round, read by the launcher
+PROGRESS_ENV = "P2PFL_PROGRESS_LINES"  # set by the launcher: its processes print those lines; a node started by hand does not
 # A forking parent's stdout line when one of its nodes' processes ends: {"id", "code"} (code < 0: the signal)
 EXIT_PREFIX = "P2PFL-EXIT "
 ENDED_BADLY = ("failed", "isolated", "revoked")  # statuses that make the node's process exit non-zero

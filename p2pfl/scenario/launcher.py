@@ -28,7 +28,7 @@ from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.roster import ROSTER_FILE, load_roster, write_roster
-from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.run_folder import RunFolder, read_records
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.topology import Topology
@@ -122,15 +122,21 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
             [sys.executable, "-m", "p2pfl", "coordinator", str(coordinator_path)] + (["--resume"] if resume else []),
             RunFolder(out).log(COORDINATOR_ID), scenario.runtime.torch_threads,
         )
-    bar = tqdm(total=scenario.nodes * scenario.rounds, desc=f"{scenario.name} ({scenario.algorithm.name})",
+    total = scenario.nodes * scenario.rounds
+    # A resumed run starts from the node-rounds its nodes recorded before (a replayed round is
+    # not counted twice: the bar stops at its total).
+    before = min(total, rounds_recorded(out, node_paths)) if resume else 0
+    bar = tqdm(total=total, initial=before, desc=f"{scenario.name} ({scenario.algorithm.name})",
                unit="node-round", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     bar.set_postfix_str("starting the nodes")
     start_clock = time.perf_counter()
+    started = [False]
 
     def advance(done: int) -> None:
-        if bar.n == 0 and done > 0:  # the first round of a node ended: start-up is over
+        if not started[0] and done > 0:  # the first round of a node ended: start-up is over
+            started[0] = True
             bar.set_postfix_str(f"start-up {time.perf_counter() - start_clock:.1f} s", refresh=False)
-        bar.update(max(0, done - bar.n))
+        bar.update(max(0, min(total, before + done) - bar.n))
 
     kill_hosts: Callable[[], None] = lambda: None
     # A node that dies is named at once, above the bar (shown or not).
@@ -164,6 +170,12 @@ async def _run_hosts(scenario: Scenario, out: Path, node_paths: list[Path], coor
             coordinator.kill()
         await reap()
         await view.__aexit__(None, None, None)
+
+
+def rounds_recorded(out: Path, node_paths: Sequence[Path]) -> int:
+    """The node-rounds the nodes of `node_paths` recorded in `out` so far (each round once)."""
+    folder = RunFolder(out)
+    return sum(len({r["round"] for r in read_records(folder.node_rounds(p.stem), ("round",))}) for p in node_paths)
 
 
 def readdress_run_folder(scenario: Scenario, out: Path, config_paths: Sequence[Path],

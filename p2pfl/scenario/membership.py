@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-EVENTS = ("joined", "left", "crashed", "restarted")
+EVENTS = ("joined", "left", "crashed", "restarted", "revoked")
 
 
 def membership_timeline(nodes: Sequence[Mapping[str, Any]], rounds: int) -> list[dict[str, Any]]:

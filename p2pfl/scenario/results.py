@@ -7,7 +7,7 @@ import json
 import math
 import statistics
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -217,9 +217,11 @@ def recorded_rounds(out: Path, nid: str) -> list[dict[str, Any]]:
 
 
 def build_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_s: float,
-                  ground_truth: Mapping[str, Any]) -> dict[str, Any]:
+                  ground_truth: Mapping[str, Any], ids: Sequence[str] | None = None) -> dict[str, Any]:
+    """`ids`: the nodes whose results to gather (default the scenario's `node-i`; a federation's
+    merge names its members)."""
     nodes = []
-    for nid in node_ids(scenario.nodes):
+    for nid in ids if ids is not None else node_ids(scenario.nodes):
         path = RunFolder(out).node_result(nid)
         if path.is_file():
             result = json.loads(path.read_text())
@@ -328,19 +330,21 @@ def scenario_data_fingerprint(scenario: Any) -> dict[str, str]:
 
 
 def write_results(scenario: Any, out: Path, exit_codes: Mapping[str, int], wall_s: float,
-                  ground_truth: Mapping[str, Any], *, started_at: float | None = None) -> dict[str, Any]:
+                  ground_truth: Mapping[str, Any], *, started_at: float | None = None,
+                  ids: Sequence[str] | None = None) -> dict[str, Any]:
     """`results.json` of the run in `out`, written whole, the same for every placement, a stopped
     run and a LAN run's merge: `build_results` with the data fingerprint and relevance scores."""
     from p2pfl.scenario.relevance import score_run
 
-    results = build_results(scenario, out, exit_codes, wall_s, ground_truth)
+    results = build_results(scenario, out, exit_codes, wall_s, ground_truth, ids)
     results["data_fingerprint"] = scenario_data_fingerprint(scenario)
-    if started_at is not None:  # how long the nodes took to start: until the first one began round 1
-        firsts = [n["rounds"][0]["started_at"] for n in results["nodes"]
-                  if n.get("rounds") and isinstance(n["rounds"][0].get("started_at"), (int, float))]
+    if started_at is not None:  # how long the nodes took to start: until the first round began after the launch
+        # (a resumed run's earlier rounds began before it: they are not its start-up)
+        firsts = [r["started_at"] for n in results["nodes"] for r in n.get("rounds") or []
+                  if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= started_at]
         if firsts:
-            results["summary"]["startup_s"] = max(0.0, min(firsts) - started_at)
-    scores = score_run(load_artefacts(out), results["ground_truth"], node_ids(scenario.nodes))
+            results["summary"]["startup_s"] = min(firsts) - started_at
+    scores = score_run(load_artefacts(out), results["ground_truth"], [n["id"] for n in results["nodes"]])
     if scores is not None:
         results["relevance_scores"] = scores
     write_json_atomic(RunFolder(out).results, results)

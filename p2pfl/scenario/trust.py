@@ -82,6 +82,25 @@ def ranking(trust: Mapping[str, Mapping[str, Any]], by: str = "score") -> list[s
     return sorted(judged, key=lambda p: -trust[p][key])
 
 
+def places(trust: Mapping[str, Mapping[str, Any]], by: str = "score") -> dict[str, float]:
+    """Each judged peer's place in the node's ranking, 0 most trusted to 1 least; peers with
+    equal keys share their places' mean (FedAvg's conduct is 1 for every honest peer: they all
+    sit in the middle, none "least trusted" by its name)."""
+    order, key = ranking(trust, by), ranking_key(trust, by)
+    if len(order) < 2:
+        return dict.fromkeys(order, 0.0)
+    out: dict[str, float] = {}
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and trust[order[end + 1]][key] == trust[order[start]][key]:
+            end += 1
+        for peer in order[start:end + 1]:
+            out[peer] = (start + end) / 2 / (len(order) - 1)
+        start = end + 1
+    return out
+
+
 def ranked_last(trust: Mapping[str, Mapping[str, Any]], peers: Iterable[str], by: str = "score") -> bool:
     """Whether one of `peers` is this node's least trusted peer (`by` as `ranking`), strictly
     below every other it judged."""
@@ -99,14 +118,14 @@ def run_trust(nodes: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     by_node = {nid: t for nid, t in by_node.items() if t}
     if not by_node:
         return None
-    places: dict[str, list[float]] = defaultdict(list)
+    held: dict[str, list[float]] = defaultdict(list)
     views: dict[str, dict[str, Any]] = {}
     for nid, trust in by_node.items():
         order = ranking(trust)
         views[nid] = {"peers": trust, "ranking": order, "conduct_ranking": ranking(trust, "conduct")}
-        for place, peer in enumerate(order):
-            places[peer].append(place / (len(order) - 1) if len(order) > 1 else 0.0)
-    federation = {p: {"mean_place": sum(v) / len(v), "ranked_by": len(v)} for p, v in sorted(places.items())}
+        for peer, place in places(trust).items():
+            held[peer].append(place)
+    federation = {p: {"mean_place": sum(v) / len(v), "ranked_by": len(v)} for p, v in sorted(held.items())}
     return {"nodes": views, "federation": federation}
 
 
@@ -114,10 +133,9 @@ def trust_places(trust: Mapping[str, Any], ids: Sequence[str]) -> list[list[floa
     """The node × peer matrix over `ids` of places in each node's ranking (0 most trusted, 1
     least; None where the node did not judge the peer)."""
     at = {nid: i for i, nid in enumerate(ids)}
-    places: list[list[float | None]] = [[None] * len(ids) for _ in ids]
+    matrix: list[list[float | None]] = [[None] * len(ids) for _ in ids]
     for nid, view in trust["nodes"].items():
-        order = view["ranking"]
-        for place, peer in enumerate(order):
+        for peer, place in places(view["peers"]).items():
             if nid in at and peer in at:
-                places[at[nid]][at[peer]] = place / (len(order) - 1) if len(order) > 1 else 0.0
-    return places
+                matrix[at[nid]][at[peer]] = place
+    return matrix

@@ -530,3 +530,62 @@ def test_a_busy_dashboard_port_leaves_no_run_folder_and_each_command_names_its_o
         with pytest.raises(ConfigError) as info:
             asyncio.run(start_dashboard(tmp_path, "127.0.0.1", port, "--port"))
         assert info.value.field == "--port"
+
+
+def test_a_federation_members_finished_folder_shows_its_own_node_and_its_events(tmp_path: Path) -> None:
+    """Issue 67, item 4: a federation member's folder holds `alpha`'s files, which no scenario's
+    node-i names; before, the page read "0 of 400 node-rounds done · 4 starting" for ever."""
+    folder = RunFolder(tmp_path)
+    (tmp_path / "nodes").mkdir()
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 4, "rounds": 3, "algorithm": {"name": "fedavg"}}))
+    for r in (2, 3):
+        folder.append_round("alpha", {"round": r, "test_acc": 0.5, "started_at": time.time()})
+    state = dashboard_state(tmp_path)
+    assert [(n["id"], n["status"]) for n in state["nodes"]] == [("alpha", "running")] and not state["done"]
+    folder.node_result("alpha").write_text(json.dumps({
+        "id": "alpha", "status": "revoked", "wall_s": 9.0, "rounds": [{"round": 2}, {"round": 3}],
+        "membership": [{"round": 2, "event": "joined"}, {"round": 4, "event": "revoked"}]}))
+    state = dashboard_state(tmp_path)
+    assert [(n["id"], n["status"]) for n in state["nodes"]] == [("alpha", "revoked")]
+    assert state["done"] and state["progress"]["done"] == state["progress"]["total"] == 3
+    assert state["membership"]["events"] == [{"id": "alpha", "round": 2, "event": "joined"},
+                                             {"id": "alpha", "round": 4, "event": "revoked"}]
+
+
+def test_a_federations_merged_report_gathers_its_members_and_draws_their_membership(tmp_path: Path) -> None:
+    """Before, `p2pfl report` over the members' results gathered node-0..3 (none there: four
+    failures) and drew no membership timeline though a join and a revocation were in them."""
+    from p2pfl.report import make_report
+
+    folder = RunFolder(tmp_path)
+    (tmp_path / "nodes").mkdir()
+    scenario = {"name": "t", "nodes": 2, "seed": 0, "rounds": 3, "algorithm": {"name": "fedavg", "params": {}},
+                "data": {"dataset": "mnist", "partition": "iid", "samples_per_node": 40}, "model": {"name": "cnn"}}
+    folder.scenario.write_text(json.dumps(scenario))
+    rounds = [{"round": r, "test_acc": 0.5, "test_acc_aggregated": 0.5, "arrived": [], "started_at": 1.0 + r,
+               "train_loss": 1.0, "test_loss": 1.0, "bytes_received": 0, "param_bytes_received": 0, "bytes_sent": 0,
+               "param_bytes_sent": 0, "time": {}} for r in (1, 2, 3)]
+    for nid, status, events in (("alpha", "ok", []), ("beta", "ok", [{"round": 2, "event": "joined"}]),
+                                ("gamma", "revoked", [{"round": 3, "event": "revoked"}])):
+        own = rounds[1:] if nid == "beta" else rounds[:2] if nid == "gamma" else rounds
+        folder.node_result(nid).write_text(json.dumps({"id": nid, "status": status, "wall_s": 5.0, "rounds": own,
+                                                       "final_test_acc": 0.5, "membership": events}))
+    paths = make_report(tmp_path)
+    results = json.loads(folder.results.read_text())
+    assert [(n["id"], n["status"]) for n in results["nodes"]] == [("alpha", "ok"), ("beta", "ok"), ("gamma", "revoked")]
+    timeline = results["membership"]
+    assert timeline[1]["joined"] == ["beta"] and timeline[2]["revoked"] == ["gamma"]
+    assert tmp_path / "report" / "membership.png" in paths
+
+
+def test_the_strategys_hooks_get_a_curve_each(tmp_path: Path) -> None:
+    """Issue 67, item 7: `evaluate`'s metrics and `fit_config`'s learning rate, live."""
+    folder = RunFolder(tmp_path)
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 3, "algorithm": {"name": "fedavg"}}))
+    for nid, scale in (("node-0", 1.0), ("node-1", 3.0)):
+        folder.append_round(nid, {"round": 1, "test_acc": 0.5, "metrics": {"acc_weighted": 0.1 * scale},
+                                  "fit_config": {"lr": 0.01, "optimizer": "sgd"}})
+    hooks = dashboard_state(tmp_path, now=110.0)["hooks"]
+    assert sorted(hooks) == ["fit/lr", "metrics/acc_weighted"]  # numbers only
+    [band] = hooks["metrics/acc_weighted"]
+    assert band["round"] == 1 and abs(band["mean"] - 0.2) < 1e-12 and band["n"] == 2

@@ -58,6 +58,12 @@ def test_relevance_and_communication_tables_average_over_seeds(tmp_path: Path) -
     assert record_table(runs, "no_such_record") is None
     comm = communication_table(runs)
     assert "| pfedsv | 4.0 (0.0) | 1.0 (0.0) | 3.0 (0.0) | 3.0 2.0 |" in comm
+    # A row whose strategy records no k (a top-k sparse FedAvg): the peers whose parts arrived.
+    for run in runs["pfedsv"]:
+        for record in run["nodes"][0]["rounds"]:
+            record["strategy"] = {}
+            record["asked"], record["arrived"] = 4, ["node-1", "node-2", "node-3"][:record["round"] + 1]
+    assert "| 2.0 3.0 |" in communication_table(runs)  # issue 67, item 8: was "-"
 
 
 def test_held_out_table_has_one_column_per_domain_and_a_per_seed_average(tmp_path: Path) -> None:

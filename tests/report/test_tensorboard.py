@@ -112,3 +112,48 @@ def test_a_folder_without_results_is_named(tmp_path: Path, capsys: pytest.Captur
     pytest.importorskip("tensorboard")
     assert main(["export", str(tmp_path), "--tensorboard"]) == 2
     assert "results.json" in capsys.readouterr().err
+
+
+def test_the_hooks_metrics_and_settings_reach_tensorboard_and_the_report(tmp_path: Path) -> None:
+    """Issue 67, item 7: `evaluate`'s metrics and `fit_config`'s learning rate were in results.json only."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from p2pfl.report.run_figures import plot_hooks
+
+    results = _results()
+    for node in results["nodes"]:
+        for record in node["rounds"]:
+            record["metrics"] = {"acc_weighted": 0.1 * record["round"], "note": "text is not a scalar"}
+            record["fit_config"] = {"lr": 0.1 / record["round"], "epochs": 1}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(results))
+    assert main(["export", str(run), "--tensorboard"]) == 0
+    events = EventAccumulator(str(run / "tensorboard" / "mean"))
+    events.Reload()
+    assert {"metrics/acc_weighted", "fit/lr", "fit/epochs"} <= set(events.Tags()["scalars"])
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("fit/lr")] == [(1, 0.1), (2, 0.05), (3, 0.033333)]
+    assert plot_hooks(results, tmp_path) == tmp_path / "hooks.png" and (tmp_path / "hooks.png").is_file()
+    assert plot_hooks(_results(), tmp_path / "none") is None  # no hooks, no figure
+
+
+def test_the_mean_run_is_written_as_each_round_ends_at_every_node(tmp_path: Path) -> None:
+    """Issue 67, item 7: the `mean` run appeared only when the run ended."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from p2pfl.report.tensorboard import ScalarWriter
+
+    writer = ScalarWriter(tmp_path, nodes=2)
+    for node in ("node-0", "node-1"):
+        writer.add(node, {"round": 1, "test_acc": 0.5 if node == "node-0" else 0.7})
+    writer.add("node-0", {"round": 2, "test_acc": 0.9})  # node-1 not there yet: no mean for round 2
+    writer.flush()
+    events = EventAccumulator(str(tmp_path / "mean"))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("accuracy/after_training")] == [(1, 0.6)]
+    writer.close("t")  # at the end, what is there (node-1 left early)
+    events = EventAccumulator(str(tmp_path / "mean"))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("accuracy/after_training")] == [(1, 0.6), (2, 0.9)]

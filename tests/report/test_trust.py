@@ -116,3 +116,16 @@ def test_the_ranking_table_counts_honest_nodes_that_put_the_attacker_last() -> N
     [row] = [line for line in table.splitlines() if line.startswith("| pfedsv")]
     assert row == "| pfedsv | 2 of 4 (50 %); by seed 2/2, 0/2 | 4 of 4 (100 %); by seed 2/2, 2/2 | 2 |"
     assert attacker_rank_table({"clean": [{"scenario": {}, "nodes": []}]}) is None
+
+
+def test_tied_peers_share_their_place_and_a_tie_at_the_bottom_names_nobody() -> None:
+    """Issue 67, item 8: FedAvg's conduct is 1 for every honest peer; ranked by name, node-3 was
+    every node's "least trusted"."""
+    from p2pfl.scenario.trust import places
+
+    tied = {p: {"score": None, "conduct": 1.0} for p in ("node-1", "node-2", "node-3")}
+    assert places(tied) == {"node-1": 0.5, "node-2": 0.5, "node-3": 0.5}
+    mixed = {**tied, "node-4": {"score": None, "conduct": 0.1}}
+    assert places(mixed) == {"node-1": 1 / 3, "node-2": 1 / 3, "node-3": 1 / 3, "node-4": 1.0}
+    assert places({"node-1": {"score": 0.2, "conduct": 1.0}, "node-2": {"score": 0.9, "conduct": 1.0}}) == {
+        "node-2": 0.0, "node-1": 1.0}

@@ -45,7 +45,8 @@ def walkthrough() -> list[tuple[str, str]]:
 
 def _here(text: str, ports: dict[str, int]) -> str:
     for host, address in ADDRESSES.items():
-        text = text.replace(f"{address}:9000", f"127.0.0.1:{ports[host]}")
+        text = text.replace(f"{address}:9000", f"127.0.0.1:{ports[host]}").replace(f'host = "{address}"',
+                                                                                   'host = "127.0.0.1"')
     return text
 
 
@@ -163,6 +164,10 @@ def test_the_lan_walkthrough_runs_as_written_and_refuses_what_it_should(tmp_path
     results = {name: json.loads((tmp / name / "run" / "nodes" / f"{name}.result.json").read_text()) for name in nodes}
     rounds = 100  # the walkthrough's overrides
 
+    # Started by hand (through a pipe, as here), a node writes no launcher's progress lines and
+    # logs to its run folder's logs/ as well (issue 67, item 5).
+    assert all("P2PFL-PROGRESS" not in logs[name] for name in nodes), "progress lines in a hand-started node's output"
+    assert "round 1" in (tmp / "alpha" / "run" / "logs" / "alpha.log").read_text()
     # The status line lists the four members, the one behind NAT as outbound only.
     status = said["status"]
     assert f"{seed} sees 4 members" in status and "outbound only" in status, status

@@ -168,6 +168,7 @@ class Node:
         while r <= sc.rounds:
             if self.stop_with is not None:  # a companion's verdict (a federation that revoked this node)
                 self.log.error("stopping before round %d: %s", r, self.stop_with[1])
+                self.membership.events.append({"round": r, "event": self.stop_with[0], "at": time.time()})
                 return self.stop_with[0]
             if privacy is not None and privacy.exhausted():
                 self.log.warning("stopping before round %d: another round would exceed the epsilon budget "
@@ -250,7 +251,10 @@ class Node:
                 error = goodbye = self.stop_with[1]
             status = end_status(status, self.state.rounds, self.log)
         except asyncio.CancelledError:
-            # The process is going down (a node beside it could not listen): no sockets left open.
+            # The process is going down (SIGTERM, a node beside it could not listen): no sockets
+            # left open, the companions' (a federation's gossip session) included.
+            for companion in self.parts.companions:
+                await companion.stop()
             await transport.close()
             raise
         except CheckpointError as exc:  # --resume with no usable checkpoint: the reason, no traceback
