@@ -66,6 +66,16 @@ def serve(folder: Path, port: int) -> subprocess.Popen[bytes]:
     return server
 
 
+def picture_folder(chromium: str, folder: Path, port: int, path: Path, height: int) -> None:
+    """`p2pfl dashboard FOLDER` served, pictured, and stopped."""
+    server = serve(folder, port)
+    try:
+        screenshot(chromium, port, path, height)
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "quickstart.toml")
@@ -82,13 +92,7 @@ def main() -> None:
         raise SystemExit("needs a headless Chromium (Debian package `chromium`)")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.folder is not None:
-        [port] = free_ports(1, "127.0.0.1")
-        server = serve(args.folder, port)
-        try:
-            screenshot(chromium, port, args.out / "dashboard_member.png", 1600)
-        finally:
-            server.terminate()
-            server.wait()
+        picture_folder(chromium, args.folder, free_ports(1, "127.0.0.1")[0], args.out / "dashboard_member.png", 1600)
         return
     overrides = args.overrides if args.overrides is not None else ["rounds=30"]
     run_dir = ROOT / "runs" / "dashboard_screenshots"
@@ -104,19 +108,9 @@ def main() -> None:
         screenshot(chromium, live_port, args.out / "dashboard_killed.png", 2300)
     if run.wait() != 0 and args.kill is None:
         raise SystemExit(f"the run failed (exit {run.returncode}); see {run_dir / 'logs'}")
-    server = serve(run_dir, page_port)
-    try:
-        screenshot(chromium, page_port, args.out / "dashboard.png", 2300)
-    finally:
-        server.terminate()
-        server.wait()
+    picture_folder(chromium, run_dir, page_port, args.out / "dashboard.png", 2300)
     if args.compare is not None:
-        server = serve(args.compare, page_port)
-        try:
-            screenshot(chromium, page_port, args.out / "dashboard_compare.png", 900)
-        finally:
-            server.terminate()
-            server.wait()
+        picture_folder(chromium, args.compare, page_port, args.out / "dashboard_compare.png", 900)
 
 
 if __name__ == "__main__":
