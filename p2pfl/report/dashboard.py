@@ -203,8 +203,8 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     if not folder.scenario.is_file():
         return {"ready": False}
     scenario = json.loads(folder.scenario.read_text())
-    named, traced = node_ids(scenario["nodes"]), folder.traced_ids()
-    ids = traced if not set(traced) <= set(named) else named  # a federation member's folder: its own name
+    named = node_ids(scenario["nodes"])
+    ids = folder.ids_here(named)  # a federation member's folder: its own name
     rounds_total = scenario["rounds"]
     nodes = []
     ended_walls: dict[str, float | None] = {}  # the nodes that wrote a result: their wall
@@ -256,7 +256,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         node["log"] = log_tail(folder.log(node["id"]))
     results = results_doc
     here = [n for n in nodes if n["status"] != ELSEWHERE]
-    member_folder = ids is traced  # a federation member's: only its own node is here to wait for
+    member_folder = ids is not named  # a federation member's: only its own node is here to wait for
     done = results is not None or ((len(here) < len(nodes) or member_folder) and bool(here)
                                    and all(n["status"] not in _RUNNING for n in here))
     # A node that ended (isolated, failed, out of budget) has no rounds left to wait for.

@@ -42,9 +42,5 @@ def merge_node_results(folder: Path) -> bool:
     scenario = scenario_from_dict(stored_as_made(json.loads(run.scenario.read_text())), source=str(run.scenario))
     walls = [json.loads(p.read_text()).get("wall_s", 0.0) for p in results]
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed, only=[])
-    named, traced = node_ids(scenario.nodes), run.traced_ids()
-    # A federation's members go by their own names (alpha, beta...): gather those; a roster LAN
-    # run's nodes by the scenario's node-i.
-    ids = traced if not set(traced) <= set(named) else named
-    write_results(scenario, folder, {}, max(walls), partition.ground_truth(), ids=ids)
+    write_results(scenario, folder, {}, max(walls), partition.ground_truth(), ids=run.ids_here(node_ids(scenario.nodes)))
     return True

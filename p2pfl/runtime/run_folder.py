@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2pfl.runtime.peers import COORDINATOR_ID
+
 ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report", "pids.json")
 
 
@@ -72,12 +74,18 @@ class RunFolder:
     def node_result(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.result.json"
 
-    def traced_ids(self, skip: frozenset[str] = frozenset({"coordinator"})) -> list[str]:
-        """The ids whose result or round log this folder holds (a federation member's folder: its
-        own id, which no scenario's `node-i` names)."""
+    def traced_ids(self) -> list[str]:
+        """The node ids whose result or round log this folder holds (a federation member's folder:
+        its own id, which no scenario's `node-i` names); the coordinator's is not a node's."""
         found = {p.name.split(".")[0] for pattern in ("*.result.json", "*.rounds.jsonl")
                  for p in (self.root / "nodes").glob(pattern)}
-        return sorted(found - skip)
+        return sorted(found - {COORDINATOR_ID})
+
+    def ids_here(self, named: list[str]) -> list[str]:
+        """The nodes this folder is about: the scenario's `named` ones (node-i), or, where it holds
+        others' files (a federation's members go by their own names), those."""
+        traced = self.traced_ids()
+        return traced if not set(traced) <= set(named) else named
 
     def node_rounds(self, node_id: str) -> Path:
         """One JSON line per finished round, appended as the node goes (what a live view reads)."""
