@@ -143,6 +143,16 @@ async def silent_peer(node: Node, peer: str = "node-1") -> AsyncIterator[None]:
         await server.wait_closed()
 
 
+def as_launched() -> dict[str, str]:
+    """The environment a launcher gives the node processes it starts: they print a progress line
+    per round on stdout (a node started by hand prints none), which these tests read."""
+    import os
+
+    from p2pfl.runtime.status import PROGRESS_ENV
+
+    return {**os.environ, PROGRESS_ENV: "1"}
+
+
 def interruptible() -> None:
     """`preexec_fn` for a process a test stops with SIGINT, as Ctrl-C at a terminal would: SIGINT
     back at its default, which Python turns into KeyboardInterrupt. A process started from a

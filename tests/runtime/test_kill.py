@@ -12,7 +12,7 @@ from p2pfl.runtime.status import PROGRESS_PREFIX
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
 
-from .helpers import interruptible, write_tiny
+from .helpers import as_launched, interruptible, write_tiny
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def test_survivors_finish_when_a_peer_dies(tmp_path):
     node_paths, _ = write_run_folder(scenario, out)
     procs = {
         p.stem: subprocess.Popen([sys.executable, "-m", "p2pfl", "node", str(p)], stdout=subprocess.PIPE,
-                                 stderr=open(out / "logs" / f"{p.stem}.log", "wb"), text=True)
+                                 stderr=open(out / "logs" / f"{p.stem}.log", "wb"), text=True, env=as_launched())
         for p in node_paths
     }
     victim = procs["node-2"]

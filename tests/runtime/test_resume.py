@@ -26,7 +26,7 @@ from p2pfl.scenario.launcher import run_scenario, write_run_folder
 from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import NodeKey
 
-from .helpers import build_in_process, run_in_process, scenario_of, write_tiny
+from .helpers import as_launched, build_in_process, run_in_process, scenario_of, write_tiny
 
 
 def _pfedsv_nodes(tmp_path: Path, name: str = "run", **over) -> list[Node]:
@@ -116,7 +116,7 @@ def test_a_sigkilled_node_costs_no_timeout_and_rejoins_the_round_its_peers_are_i
 
     def start(path: Path, *extra: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "p2pfl", "node", str(path), *extra], stdout=subprocess.PIPE,
-                                stderr=open(out / "logs" / f"{path.stem}.log", "ab"), text=True)
+                                stderr=open(out / "logs" / f"{path.stem}.log", "ab"), text=True, env=as_launched())
 
     procs = {p.stem: start(p) for p in paths}
     try:

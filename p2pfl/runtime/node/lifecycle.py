@@ -267,22 +267,10 @@ class Node:
             goodbye = f"failed in round {self.ctx.round}: {exc!r}"
             self.log.error("node failed:\n%s", error)
         self.stage = Stage.DONE
-        if status == "crashed":
-            pass  # stopped dead: it says nothing and serves nothing
-        elif status == "revoked":  # every member refuses it now: nothing to serve, nobody to tell
-            await transport.withdraw()
-        elif status not in ("ok", "isolated", "degraded"):  # the last three ran every round: they serve the last ones
-            # Peers and the coordinator stop waiting for this node now, not after fetch_timeout_s.
-            await transport.withdraw()
-            # Its neighbours and readers, and the coordinator; the others hear it as news from them.
-            told = self.neighbours.goodbye_targets(transport.readers())
-            await transport.say_goodbye(told + ([COORDINATOR_ID] if cfg.coordinator is not None else []), goodbye,
-                                        before_round=self.ctx.round + 1)
-        else:
-            # Resumed after its last round, it asked nobody: a silent neighbour is one still starting,
-            # which will replay rounds this node serves.
-            not_up_yet = silent - self.neighbours.departed if first > sc.rounds else set()
-            await transport.linger(set(self.neighbours.asked), sc.linger_s, not_up_yet)
+        # Resumed after its last round, it asked nobody: a silent neighbour is one still starting,
+        # which will replay rounds this node serves.
+        not_up_yet = silent - self.neighbours.departed if first > sc.rounds else set()
+        await self.membership.end(status, goodbye, self.ctx.round + 1, cfg.coordinator is not None, not_up_yet)
         for companion in self.parts.companions:
             await companion.stop()
         # Closed before the result is taken, so that every message the node answered (and

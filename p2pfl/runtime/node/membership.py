@@ -38,6 +38,22 @@ class Membership:
         self.state, self.settings, self.log = state, settings, log
         self.events: list[dict[str, Any]] = []  # joined, crashed, restarted, left: with their rounds
 
+    async def end(self, status: str, goodbye: str, next_round: int, coordinator: bool, not_up_yet: set[str]) -> None:
+        """How the node's part ends: crashed, it says nothing and serves nothing; revoked, every
+        member refuses it (nothing to serve, nobody to tell); failed or left early, it stops
+        serving and says goodbye (signed, for `next_round`) to its neighbours, its readers and the
+        coordinator, the others hearing it as news; having run every round, it lingers, serving
+        its last rounds until its neighbours are done (`not_up_yet`: still starting, waited for)."""
+        if status == "crashed":
+            return
+        if status not in ("ok", "isolated", "degraded"):
+            await self.transport.withdraw()  # nobody waits for it now, not after fetch_timeout_s
+            if status != "revoked":
+                told = self.neighbours.goodbye_targets(self.transport.readers())
+                await self.transport.say_goodbye(told + [COORDINATOR_ID] * coordinator, goodbye, before_round=next_round)
+            return
+        await self.transport.linger(set(self.neighbours.asked), self.settings.linger_s, not_up_yet)
+
     async def federation_at(self, at_least: int, part: str, sources: list[str] | None = None) -> Message | None:
         """A neighbour's `part` at version `at_least` or later (or the coordinator's, as `sources`
         says): the first answer (a read waits on the server until it publishes that version, so a

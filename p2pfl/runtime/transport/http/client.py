@@ -58,7 +58,10 @@ class HttpClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         backoff = self.retry_s
-        base = f"{self.urls[peer]}/v1/parts/{quote(part, safe='')}?min_version={int(min_version)}&wait="
+        url = self.urls.get(peer)
+        if url is None:  # taken out (revoked, expired) between the fetch's decision and now: nothing to read
+            return None
+        base = f"{url}/v1/parts/{quote(part, safe='')}?min_version={int(min_version)}&wait="
         while (remaining := deadline - loop.time()) > 0:
             # Long waits go as several reads: a server answers one read for at most MAX_WAIT_S.
             # The query is written out and handed over encoded: yarl's query building was a tenth
@@ -112,13 +115,16 @@ class HttpClient:
         deadline = loop.time() + timeout
         backoff = self.retry_s
         while (remaining := deadline - loop.time()) > 0:
+            url = self.urls.get(target)
+            if url is None:  # taken out meanwhile (revoked), or never reachable (outbound only)
+                return False
             frame = seal(
                 key=self.key, kind=kind, sender=self.node_id, recipient=target, round=round_, version=version,
                 seq=self.next_seq(), part=part, meta=meta, body=body,
             )
             try:
                 async with self._session.post(
-                    f"{self.urls[target]}/v1/inbox", data=frame, headers={"Content-Type": CONTENT_TYPE},
+                    f"{url}/v1/inbox", data=frame, headers={"Content-Type": CONTENT_TYPE},
                     ssl=self._ssl(target), timeout=aiohttp.ClientTimeout(total=remaining),
                 ) as resp:
                     self.counter.sent(part or (CONTROL if kind == GOODBYE else kind), len(frame), body.param_bytes)
