@@ -209,7 +209,7 @@ def node_settings(sc: Scenario) -> NodeSettings:
         wire_precision=rt.wire_precision, wire_sparsity=rt.wire_sparsity, error_feedback=rt.error_feedback,
         max_weight_ratio=rt.max_weight_ratio, max_norm_ratio=rt.max_norm_ratio,
         update_bound=rt.update_bound, update_refuse=rt.update_refuse, checkpoint_every=rt.checkpoint_every,
-        resolved=sc.to_dict(),
+        audit=rt.audit, resolved=sc.to_dict(),
     )
 
 

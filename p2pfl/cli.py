@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "`tensorboard --logdir DIR` shows them while the run goes")
     run.add_argument("--ray", metavar="auto|HOST:PORT", default=None,
                      help='run the nodes on a Ray cluster (runtime.placement = "ray"); start one with `ray start --head`')
+    run.add_argument("--audit", metavar="NODE", nargs="?", const="", default=None,
+                     help="NODE (default: the first) keeps every part it reads, and after the run `p2pfl audit` "
+                          "attacks them from its seat (runtime.audit; needs the audit extra)")
     _add_set(run)
     _add_log_level(run)
 
@@ -160,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("run", type=Path, help="a run folder, or a compare folder (its table and per-row curves)")
     dash.add_argument("--port", type=int, default=8050)
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+
+    audit = sub.add_parser("audit", help="attack the parts one node read during a run (membership inference, model "
+                                         "and update inversion): RUN/audit.json and RUN/report/audit.png")
+    audit.add_argument("run", type=Path)
+    audit.add_argument("--node", default=None, help="the auditing node (default: the run's runtime.audit)")
+    audit.add_argument("--members", type=int, default=500, help="at most this many training images challenged per peer")
+    audit.add_argument("--inversion-peers", type=int, default=1, help="peers both inversions run on (default 1)")
+    audit.add_argument("--seed", type=int, default=0)
 
     rep = sub.add_parser("report", help="plots and tables from run folders or compare folders")
     rep.add_argument("folders", type=Path, nargs="+",
@@ -336,6 +347,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides = list(args.overrides)
         if args.ray is not None:
             overrides += ['runtime.placement="ray"', f"runtime.ray_address={json.dumps(args.ray)}"]
+        if args.audit is not None:
+            from p2pfl.audit.command import audit_override
+
+            overrides.append(audit_override(args.scenario, overrides, args.audit))
         from p2pfl.hosting.warm import warm_up_for
 
         warm_up_for(args.scenario, overrides)  # the node processes' parent imports while the fields are checked
@@ -356,6 +371,10 @@ def _dispatch(args: argparse.Namespace) -> int:
                                timeout_s=args.timeout, force=args.force, resume=args.resume, live_view=live_view)
         # Only at a terminal, where Ctrl-C ends it: started from a script (`&`, where SIGINT is
         # ignored) the page would be served for ever after its run.
+        if (args.out / "received").is_dir() and code == 0:  # runtime.audit: the scenario asked for an audit
+            from p2pfl.audit.command import audit_command
+
+            audit_command(args.out, None)
         if args.dashboard is not None and not args.no_linger and sys.stdin.isatty():
             _serve_after_run(args.out, args.dashboard)
         return code
@@ -438,6 +457,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from p2pfl.runtime.federation.operator import main as federation_main
 
         return federation_main(args)
+    if args.command == "audit":
+        from p2pfl.audit.command import audit_command
+        from p2pfl.audit.run import AuditSettings
+
+        audit_command(args.run, args.node, AuditSettings(members=args.members, inversion_peers=args.inversion_peers,
+                                                         seed=args.seed))
+        return 0
     if args.command == "report":
         from p2pfl.report import make_report, report_held_out, report_poisoning
 

@@ -11,6 +11,9 @@
     RUN/logs/<process>.log          one log per process
     RUN/results.json                the launcher's summary of all of it
     RUN/report/                     `p2pfl report`'s pictures and tables
+    RUN/received/<id>/round-<r>/<peer>.<part>.safetensors
+                                    with `runtime.audit = "<id>"`: the parts that node read (`p2pfl audit`)
+    RUN/audit.json                  `p2pfl audit`'s findings
 
 A compare folder holds one run folder per row and seed: COMPARE/<row slug>/seed<k>/, and
 COMPARE/compare.json listing the rows.
@@ -37,7 +40,8 @@ import torch
 
 from p2pfl.runtime.peers import COORDINATOR_ID
 
-ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report", "pids.json")
+ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report", "pids.json",
+           "received", "audit.json")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,14 @@ class RunFolder:
 
     def checkpoint(self, node_id: str) -> Path:
         return self.root / "checkpoints" / f"{node_id}.p2pfl"
+
+    def received(self, node_id: str) -> Path:
+        """The parts a node read from its peers, kept for an audit (`runtime.audit`)."""
+        return self.root / "received" / node_id
+
+    @property
+    def audit(self) -> Path:
+        return self.root / "audit.json"
 
     def log(self, process: str) -> Path:
         return self.root / "logs" / f"{process}.log"

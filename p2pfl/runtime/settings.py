@@ -48,6 +48,7 @@ class NodeSettings:
     update_refuse: float = DEFAULT_UPDATE_REFUSE  # times over update_bound at which a part is refused (0: never)
     wire_sparsity: str = "none"     # p2pfl.runtime.sparse_wire: "none" | "topk:<fraction>" | "randomk:<fraction>"
     error_feedback: bool = True     # what a sparse part leaves out is sent in later rounds
+    audit: str = ""                 # the node that keeps the parts it reads (runtime.audit; p2pfl.runtime.node.kept)
     checkpoint_every: int = 1       # rounds taken part in between checkpoints (round 0 and the end always; the end holds the last round)
     # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)

@@ -28,6 +28,7 @@ else:  # pragma: no cover
 from p2pfl.errors import ConfigError, check_table
 from p2pfl.plugins import admit, is_reference, resolve
 from p2pfl.runtime.churn import ChurnSpec
+from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.settings import (Sparsity, DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
                                     DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS, WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
@@ -162,6 +163,9 @@ class RuntimeSpec:
     # before its first round and at its end): a resume goes on from the last one, running the
     # rounds after it again. At 1000 nodes a checkpoint a round is a share of the round's CPU.
     checkpoint_every: int = 1
+    # A node that keeps every part it reads (`RunFolder.received`), and that `p2pfl audit` attacks
+    # them from after the run, as an honest-but-curious peer would ("": none; `p2pfl run --audit`).
+    audit: str = ""
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
@@ -227,7 +231,7 @@ class RuntimeSpec:
 # Runtime fields added after runs were published: at their defaults they leave a scenario's
 # resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
 RUNTIME_ADDED = ("max_norm_ratio", "buffered_mb", "transport", "checkpoint_every", "start_method", "wire_sparsity",
-                 "error_feedback")
+                 "error_feedback", "audit")
 # Added after runs were published and changes what honest runs compute, so always stored: a stored
 # run without it cannot say whether its peers' sizes were capped, and `--reuse` refuses it.
 RUNTIME_RECORDED = ("max_weight_ratio",)
@@ -361,6 +365,9 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     attack = AttackSpec.from_dict(raw.get("attack", {}), nodes=nodes)
     churn = ChurnSpec.from_dict(raw.get("churn", {}), nodes=nodes, rounds=rounds)
     Topology.parse(runtime.topology).check(nodes)
+    if runtime.audit and runtime.audit not in node_ids(nodes):
+        raise ConfigError("runtime.audit", f"names the node that keeps what it reads; {runtime.audit!r} is none of "
+                                           f"this scenario's {nodes} (e.g. {node_ids(nodes)[0]!r})")
     here = [Path(source).resolve().parent] if Path(source).is_file() else []
     plugins = set(listed)
     for field_name, value in (("model.name", model.name), ("data.dataset", data.dataset),

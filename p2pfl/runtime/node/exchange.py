@@ -17,6 +17,7 @@ from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.node.parts import PEER_PARTS
 from p2pfl.runtime.node.intake import Intake, RoundChecks
+from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.peer_claims import ClaimRefused
 from p2pfl.runtime.precision import quantize
@@ -35,6 +36,7 @@ class Exchange:
         # Nobody can reach this node (behind NAT; hivemind's client_mode): it pushes its round's
         # parts to its neighbours instead of waiting to be read.
         self.outbound_only = False
+        self.kept: KeptParts | None = None  # runtime.audit: every part read is kept, before a strategy folds it
         self._pushing: set[asyncio.Future[None]] = set()
         # Parts sent sparse against a public copy (p2pfl.runtime.sparse_wire): from the initial model.
         sparsity = Sparsity.parse(settings.wire_sparsity)
@@ -183,6 +185,8 @@ class Exchange:
 
         async def folded(fetch: Fetch) -> PeerModel | None:
             arrival = await one(fetch)
+            if arrival is not None and self.kept is not None:
+                await asyncio.to_thread(self.kept.arrived, round_, [arrival])
             if arrival is None or not self.strategy.folds_arrivals or not self.strategy.fold(self.ctx, arrival):
                 return arrival
             return dataclasses.replace(arrival, tensors={})  # folded: its tensors can go

@@ -23,6 +23,7 @@ from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.node.exchange import Exchange
 from p2pfl.runtime.node.setup_exchange import run_setup
 from p2pfl.runtime.node.intake import Intake
+from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.membership import Membership
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
@@ -89,7 +90,10 @@ class Node:
                                self.participation_rng, self.neighbours, self.log)
         self.scorer = Scorer(parts.model, parts.data, parts.trainer, parts.safeguard)
         self.membership = Membership(parts.transport, self.exchange, self.neighbours, self.state, settings, self.log)
-        self.kit = RoundKit(parts, settings, self.ctx, self.exchange, self.neighbours, self.scorer, artefacts, self.log)
+        kept = KeptParts(folder.received(config.id)) if settings.audit == config.id else None
+        self.exchange.kept = kept
+        self.kit = RoundKit(parts, settings, self.ctx, self.exchange, self.neighbours, self.scorer, artefacts, self.log,
+                            kept)
 
     # The parts a host, a test or a benchmark reaches for by name.
     @property
@@ -192,7 +196,7 @@ class Node:
                 self.state.trained = True
             record = (await (one.run() if participates else one.sit_out())).to_json()
             self.state.rounds.append(record)
-            if self._checkpoints_after(r, participates):
+            if self.state.checkpoints_after(r, participates):
                 await asyncio.to_thread(self.write_checkpoint, False)
             self.on_round({"id": self.config.id, **record})
             r += 1
@@ -286,18 +290,6 @@ class Node:
             # process may still be in their last round.
             await asyncio.to_thread(self.write_checkpoint)
         return result
-
-    def _checkpoints_after(self, r: int, participated: bool) -> bool:
-        """Whether round `r` ends with a checkpoint: a round taken part in whose number is a
-        multiple of `checkpoint_every` (a resume always has round 0's to go on from), other than
-        the last. A round sat out changes no model: a resume replays it from the participation
-        stream the last checkpoint holds (at 10 % participation, checkpointing the 900 of 1000
-        nodes that sat a round out had cost more than the round's training). The last round's
-        state is what the node's end checkpoint holds, written after it lingers: a second write
-        of it was a quarter of a 1000-node run's checkpoint CPU, in the round every node is still
-        finishing (`python benchmarks/round_cpu.py`); a node killed while it lingers runs its
-        last round again on --resume."""
-        return participated and r % self.settings.checkpoint_every == 0 and r < self.settings.rounds
 
     def result(self, status: str, error: str | None, wall_s: float) -> dict[str, Any]:
         rounds, data, transport = self.state.rounds, self.parts.data, self.parts.transport

@@ -23,6 +23,7 @@ from p2pfl.models import part_state
 from p2pfl.runtime.devices import host_snapshot
 from p2pfl.runtime.node.exchange import Exchange
 from p2pfl.runtime.node.intake import RoundChecks
+from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
 from p2pfl.runtime.node.records import RoundRecord, epsilon_for_json
@@ -51,6 +52,7 @@ class RoundKit:
     scorer: Scorer
     artefacts: ArtefactSink
     log: logging.Logger
+    kept: KeptParts | None = None  # runtime.audit: this node keeps what it reads
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,8 @@ class Round:
         model = parts.model
         before = FlatCopy(model.state_dict())  # one buffer, not a tensor each
         parts.strategy.aggregate(self.kit.ctx, arrived)
+        if self.kit.kept is not None:
+            self.kit.kept.own_aggregate(self.r, model.state_dict())
         if overrides(parts.strategy, Strategy, "peer_scores"):
             self.peer_scores = {str(p): float(v) for p, v in parts.strategy.peer_scores(self.kit.ctx).items()}
         refused = self.refuse_non_finite(before)

@@ -119,6 +119,18 @@ class NodeState:
         self.log.info("resumed from %s after round %d", path, doc["round"])
         return doc["round"], set_up
 
+    def checkpoints_after(self, r: int, participated: bool) -> bool:
+        """Whether round `r` ends with a checkpoint: a round taken part in whose number is a
+        multiple of `checkpoint_every` (a resume always has round 0's to go on from), other than
+        the last. A round sat out changes no model: a resume replays it from the participation
+        stream the last checkpoint holds (at 10 % participation, checkpointing the 900 of 1000
+        nodes that sat a round out had cost more than the round's training). The last round's
+        state is what the node's end checkpoint holds, written after it lingers: a second write
+        of it was a quarter of a 1000-node run's checkpoint CPU, in the round every node is still
+        finishing (`python benchmarks/round_cpu.py`); a node killed while it lingers runs its
+        last round again on --resume."""
+        return participated and r % self.settings.checkpoint_every == 0 and r < self.settings.rounds
+
     def _check_fits(self, doc: Mapping[str, Any]) -> None:
         """The state tried on a fresh strategy and throwaway generators first."""
         try:
