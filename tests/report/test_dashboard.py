@@ -340,8 +340,8 @@ def test_run_with_a_dashboard_keeps_serving_the_finished_run_until_ctrl_c(tmp_pa
     assert "(Ctrl-C stops it)" in err and "dashboard stopped" in err
 
 
-def test_finding_9_a_node_killed_mid_write_takes_neither_the_dashboard_nor_the_report_down(tmp_path: Path) -> None:
-    """A half-written artefact line, round lines that parse but are no records, and a resumed
+def test_a_node_killed_mid_write_takes_neither_the_dashboard_nor_the_report_down(tmp_path: Path) -> None:
+    """Review finding 9: A half-written artefact line, round lines that parse but are no records, and a resumed
     node appending after its killed self's half line: before, /api/state answered 500 and
     `load_artefacts` raised; now every reader skips what is not a whole record."""
     import asyncio
@@ -481,8 +481,8 @@ def test_a_lan_nodes_finished_folder_is_finished_and_waits_for_no_other_host(tmp
     assert state["progress"]["done"] == state["progress"]["total"] == 2
 
 
-def test_finding_10_the_dashboard_refuses_a_host_it_does_not_serve(tmp_path: Path) -> None:
-    """A DNS-rebinding page (its own name resolved to 127.0.0.1) sends its own name as Host:
+def test_the_dashboard_refuses_a_host_it_does_not_serve(tmp_path: Path) -> None:
+    """Review finding 10: A DNS-rebinding page (its own name resolved to 127.0.0.1) sends its own name as Host:
     before, it could read /api/state."""
     import asyncio
 

@@ -109,8 +109,8 @@ def _run(tmp_path: Path, model: str, attack: BufferAttack, *overrides: str) -> l
     return results
 
 
-def test_finding_4_negative_running_variances_are_refused_and_never_reach_a_checkpoint(tmp_path: Path) -> None:
-    """Before: taken in, NaN loss from round 1, accuracy 0.108, status ok, negative variances checkpointed."""
+def test_negative_running_variances_are_refused_and_never_reach_a_checkpoint(tmp_path: Path) -> None:
+    """Review finding 4: Before: taken in, NaN loss from round 1, accuracy 0.108, status ok, negative variances checkpointed."""
     from p2pfl.runtime.checkpoint import load_checkpoint
     from p2pfl.wire import NodeKey
 
@@ -124,8 +124,8 @@ def test_finding_4_negative_running_variances_are_refused_and_never_reach_a_chec
         assert all(bool((v > 0).all()) for k, v in state.items() if k.endswith("running_var"))
 
 
-def test_finding_4_tiny_running_variances_are_pulled_back_by_the_buffers_own_bound(tmp_path: Path) -> None:
-    """1e-30 is a positive variance; lumped with the weights it lay within the part's bound. Bounded
+def test_tiny_running_variances_are_pulled_back_by_the_buffers_own_bound(tmp_path: Path) -> None:
+    """Review finding 4: 1e-30 is a positive variance; lumped with the weights it lay within the part's bound. Bounded
     as buffers, it is pulled back, named, and the honest nodes' losses stay finite."""
     results = _run(tmp_path, "bn_net", BufferAttack("running_var", 1e-30), "runtime.update_bound=1")
     for node in results[1:]:
@@ -135,8 +135,8 @@ def test_finding_4_tiny_running_variances_are_pulled_back_by_the_buffers_own_bou
         assert all(math.isfinite(r["test_loss"]) for r in node["rounds"])
 
 
-def test_finding_4_an_aggregate_that_scores_nan_is_rolled_back_naming_the_peers(tmp_path: Path) -> None:
-    """No bound (as the papers' scenarios run) and a buffer no rule knows: the mean of a gain of -30
+def test_an_aggregate_that_scores_nan_is_rolled_back_naming_the_peers(tmp_path: Path) -> None:
+    """Review finding 4: No bound (as the papers' scenarios run) and a buffer no rule knows: the mean of a gain of -30
     and two of 1 is negative, its root NaN. The node keeps its own model and says whom it took in."""
     results = _run(tmp_path, "gain_net", BufferAttack("gain", -30.0), "runtime.update_bound=0")
     for node in results[1:]:

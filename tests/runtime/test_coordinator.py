@@ -75,8 +75,8 @@ def test_di_round_trip_through_the_coordinator(tmp_path):
             assert r["strategy"].get("xi") is not None
 
 
-def test_issue_48_finding_1_a_live_member_kept_out_of_a_round_is_waited_for_again_and_named(tmp_path):
-    """Before, a node whose submission did not arrive in a round (its pushes refused while another
+def test_a_live_member_kept_out_of_a_round_is_waited_for_again_and_named(tmp_path):
+    """Review finding 1 of issue 48: Before, a node whose submission did not arrive in a round (its pushes refused while another
     member filled the coordinator's budget) was never waited for again, and the run ended "ok".
     Now the coordinator asks whether it is still live: it is waited for in the next rounds, the
     round records it under `missing_live`, and the coordinator ends "degraded"."""

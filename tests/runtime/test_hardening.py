@@ -360,8 +360,8 @@ def test_an_aggregate_whose_sum_overflows_with_every_value_finite_is_kept(tmp_pa
             weight.view(-1)[:2] = 3e38
 
 
-def test_finding_6_a_round_in_which_a_node_received_nothing_is_flagged(tmp_path: Path) -> None:
-    """Under a connection flood a node got no model in a round and the run still said ok: now
+def test_a_round_in_which_a_node_received_nothing_is_flagged(tmp_path: Path) -> None:
+    """Review finding 6: Under a connection flood a node got no model in a round and the run still said ok: now
     the node ends "degraded", names the rounds, and the run's summary warns."""
     from p2pfl.scenario.results import degraded_warning
 
@@ -384,9 +384,9 @@ def test_finding_6_a_round_in_which_a_node_received_nothing_is_flagged(tmp_path:
     assert warning is not None and "node-0 in rounds 2" in warning and "degraded" in warning
 
 
-def test_finding_8_malformed_requests_log_one_rate_limited_line_not_a_traceback_each(
+def test_malformed_requests_log_one_rate_limited_line_not_a_traceback_each(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """500 requests with a header line over 8 190 bytes wrote 500 tracebacks (354 KiB)."""
+    """Review finding 8: 500 requests with a header line over 8 190 bytes wrote 500 tracebacks (354 KiB)."""
     import logging
 
     from p2pfl.logs import LIBRARY_LINES_PER_WINDOW, limit_library_logs
@@ -439,9 +439,9 @@ def test_the_one_line_filter_counts_what_it_drops() -> None:
     assert limiter.filter(later) and later.getMessage().endswith("(3 more like it were not logged)")
 
 
-def test_finding_4_a_replayed_head_and_uploads_past_the_body_budget_are_refused_before_their_bodies(
+def test_a_replayed_head_and_uploads_past_the_body_budget_are_refused_before_their_bodies(
         tmp_path: Path) -> None:
-    """Before, the inbox buffered every authenticated body whole before the replay check, and
+    """Review finding 4: Before, the inbox buffered every authenticated body whole before the replay check, and
     nothing bounded the bodies buffered at once: 8 uploads of 64 MiB held a byte short cost
     +508 MiB, also with a head replayed from a frame the node had accepted."""
     from p2pfl.wire.envelope import head_length
@@ -494,8 +494,8 @@ def _stalled_read(port: int, key: NodeKey, seq: int) -> socket.socket:
     return sock
 
 
-def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_until_then(tmp_path: Path) -> None:
-    """Before, a read counted against the per-peer cap only while it waited for a version, not
+def test_a_reader_that_never_reads_is_cut_off_and_holds_its_place_until_then(tmp_path: Path) -> None:
+    """Review finding 5: Before, a read counted against the per-peer cap only while it waited for a version, not
     while its answer was written, and writes had no timeout: 40 signed reads of a 13 MB model by
     a client that never read held +430 MiB for as long as it liked."""
     import socket
@@ -542,8 +542,8 @@ def test_finding_5_a_reader_that_never_reads_is_cut_off_and_holds_its_place_unti
     assert len(timeouts) == 2
 
 
-def test_issue_48_finding_3_a_stalled_reader_is_aborted_and_its_buffered_answer_dropped(tmp_path: Path) -> None:
-    """Before, the write timeout closed the connection gracefully: asyncio then waits for the
+def test_a_stalled_reader_is_aborted_and_its_buffered_answer_dropped(tmp_path: Path) -> None:
+    """Review finding 3 of issue 48: Before, the write timeout closed the connection gracefully: asyncio then waits for the
     write buffer to drain, which a reader that never reads never lets happen, so the socket and
     its buffered copy of the model stayed (three waves of 16 stalled reads of a 13 MB model:
     468 -> 983 MiB, never returned). Aborted, the connection is gone at the timeout."""
@@ -578,8 +578,8 @@ def test_issue_48_finding_3_a_stalled_reader_is_aborted_and_its_buffered_answer_
     assert seen == {0: (0, 0), 1: (0, 0), 2: (0, 0)}
 
 
-def test_issue_48_findings_1_and_5_one_member_cannot_take_the_push_budget_nor_reuse_a_seq(tmp_path: Path) -> None:
-    """Before: a roster member's signed heads whose bodies never came filled the shared push
+def test_one_member_cannot_take_the_push_budget_nor_reuse_a_seq(tmp_path: Path) -> None:
+    """Review findings 1 and 5 of issue 48: Before: a roster member's signed heads whose bodies never came filled the shared push
     budget at no memory cost (the other members' pushes: 429 in 130 of 131 tries; on a coordinator
     the attacker's submissions were the round's only ones), and four heads could share one
     sequence number. Now each member holds at most its share of the budget (the budget over the
@@ -631,8 +631,8 @@ def test_issue_48_findings_1_and_5_one_member_cannot_take_the_push_budget_nor_re
     assert out["after"] == (0, {}, set())
 
 
-def test_issue_48_finding_1_a_push_told_to_retry_later_is_retried(tmp_path: Path) -> None:
-    """Before, a push answered 429 (the receiver's push budget taken) was dropped: on a coordinator
+def test_a_push_told_to_retry_later_is_retried(tmp_path: Path) -> None:
+    """Review finding 1 of issue 48: Before, a push answered 429 (the receiver's push budget taken) was dropped: on a coordinator
     the honest nodes' submissions never came and the round went on without them."""
     from p2pfl.runtime.transport import ServerLimits
     from p2pfl.runtime.transport.base import GOODBYE
@@ -670,8 +670,8 @@ def test_issue_48_finding_1_a_push_told_to_retry_later_is_retried(tmp_path: Path
     assert any(status == 429 and sender == "node-2" for sender, status, _ in node.transport.rejections)
 
 
-def test_issue_48_finding_10_signed_requests_are_rate_limited_per_member(tmp_path: Path) -> None:
-    """Before, one member's signed reads came 650-1 270 a second (1.67 GB of model in 25 s). Each
+def test_signed_requests_are_rate_limited_per_member(tmp_path: Path) -> None:
+    """Review finding 10 of issue 48: Before, one member's signed reads came 650-1 270 a second (1.67 GB of model in 25 s). Each
     member now has a token bucket: past its burst it gets 429 with Retry-After, and another member
     is served as before."""
     from p2pfl.runtime.transport import ServerLimits
@@ -707,8 +707,8 @@ def test_issue_48_finding_10_signed_requests_are_rate_limited_per_member(tmp_pat
     assert [r for r in node.transport.rejections if r[1] == 429 and "signed requests a second" in r[2]]
 
 
-def test_issue_48_finding_10_one_member_holding_the_connection_cap_does_not_lock_another_out(tmp_path: Path) -> None:
-    """Before, a member that kept its connections open had another member's new connections
+def test_one_member_holding_the_connection_cap_does_not_lock_another_out(tmp_path: Path) -> None:
+    """Review finding 10 of issue 48: Before, a member that kept its connections open had another member's new connections
     refused (96 of 98) while the cap was full. Now a newcomer takes the oldest place of the member
     over its share (cap 6 over 3 members: 2 each), and the refusal names that member."""
     from p2pfl.wire.keys import Roster

@@ -67,8 +67,8 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_finding_10_sigterm_stops_the_run_like_ctrl_c_and_resume_loses_no_round(tmp_path):
-    """Before, `kill PID` of `p2pfl run` exited at once, orphaned its nodes (they kept training,
+def test_sigterm_stops_the_run_like_ctrl_c_and_resume_loses_no_round(tmp_path):
+    """Review finding 10: Before, `kill PID` of `p2pfl run` exited at once, orphaned its nodes (they kept training,
     then failed with BrokenPipeError) and left no results.json."""
     import os
     import signal
@@ -224,7 +224,7 @@ def test_a_stopped_coordinator_says_one_line_and_no_traceback(tmp_path, sig):
 def test_a_node_whose_progress_reader_is_gone_goes_on(monkeypatch):
     """A launcher that stops closes its end of the progress pipe before its nodes are killed: a
     node that wrote its round's line then failed on BrokenPipeError and left a "failed" result
-    where "stopped" was true (CI, test_finding_10_sigterm_... above, once). Its lines now go
+    where "stopped" was true (CI, test_sigterm_stops_the_run_like_ctrl_c_... above, once). Its lines now go
     nowhere; the round is in its rounds file."""
     import os
 

@@ -75,8 +75,8 @@ def test_n_train_is_pinned_at_first_sight_and_capped() -> None:
     assert capped_sizes(honest, 4.0) == honest  # the shipped domain splits are untouched
 
 
-def test_finding_2_a_pushed_part_of_huge_finite_values_is_refused_and_named(tmp_path: Path) -> None:
-    """3e38-valued parts with n_train = 10**6: before, aggregated, then NaN, then the node failed."""
+def test_a_pushed_part_of_huge_finite_values_is_refused_and_named(tmp_path: Path) -> None:
+    """Review finding 2: 3e38-valued parts with n_train = 10**6: before, aggregated, then NaN, then the node failed."""
     import dataclasses
 
     peer_key = NodeKey.generate()
@@ -117,7 +117,8 @@ def test_finding_2_a_pushed_part_of_huge_finite_values_is_refused_and_named(tmp_
     assert any("norm" in r for r in reasons) and any("declared 1000000" in r for r in reasons)
 
 
-def test_finding_2_a_nan_round_record_does_not_stop_the_checkpoint(tmp_path: Path) -> None:
+def test_a_nan_round_record_does_not_stop_the_checkpoint(tmp_path: Path) -> None:
+    """Review finding 2."""
     key = NodeKey.generate()
     rounds = [{"round": 1, "train_loss": float("nan"), "test_loss": float("inf"), "test_acc": 0.1}]
     save_checkpoint(tmp_path / "c.p2pfl", {"w": torch.zeros(2)}, key=key, node_id="node-0", round_=1,
@@ -142,7 +143,8 @@ def _coordinator(tmp_path: Path):
     return coordinator, submit
 
 
-def test_finding_3_the_coordinator_takes_only_the_round_it_collects_and_pins_n_train(tmp_path: Path) -> None:
+def test_the_coordinator_takes_only_the_round_it_collects_and_pins_n_train(tmp_path: Path) -> None:
+    """Review finding 3."""
     coordinator, submit = _coordinator(tmp_path)
     state = {k: v.detach().clone() for k, v in part_state(coordinator.model, "full").items()}
     with pytest.raises(ValueError, match="round 2 has not started"):
@@ -159,7 +161,8 @@ def test_finding_3_the_coordinator_takes_only_the_round_it_collects_and_pins_n_t
     assert sorted(coordinator.submissions[2]) == ["node-1"]
 
 
-def test_finding_3_a_claimed_billion_samples_cannot_set_the_global_model(tmp_path: Path) -> None:
+def test_a_claimed_billion_samples_cannot_set_the_global_model(tmp_path: Path) -> None:
+    """Review finding 3."""
     from p2pfl.coordinator.service import weighed_as_capped
 
     coordinator, _ = _coordinator(tmp_path)
@@ -197,8 +200,8 @@ def test_a_weight_ratio_of_zero_caps_nothing() -> None:
 
 @pytest.mark.parametrize("sizes", [[100, 10**9], [100, 100, 10**9], [10**9, 100, 100, 100, 100, 100],
                                    [100, 400], [10**9, 10**9, 100, 100], [500, 100, 100, 100]])
-def test_finding_6_no_member_holds_more_than_half_of_the_coordinators_weight(sizes: list[int]) -> None:
-    """Before, the cap was 4x the round's median, which the claim itself moves: of 2 nodes, one
+def test_no_member_holds_more_than_half_of_the_coordinators_weight(sizes: list[int]) -> None:
+    """Review finding 6: Before, the cap was 4x the round's median, which the claim itself moves: of 2 nodes, one
     claiming 10^9 kept 0.99999996 of the weight."""
     from p2pfl.runtime.peer_claims import capped_sizes
 

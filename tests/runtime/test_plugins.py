@@ -95,9 +95,9 @@ def test_bad_references_are_named_when_the_scenario_loads(tmp_path: Path, field:
     ("model.name", "os:abort"), ("data.dataset", "subprocess:getoutput"), ("model.name", "builtins:exit"),
     ("runtime.transport", "shutil:rmtree"), ("model.name", "p2pfl.cli:main"),
 ])
-def test_finding_8_a_scenario_never_names_the_standard_library_or_p2pfl_listed_or_not(tmp_path: Path, field: str,
+def test_a_scenario_never_names_the_standard_library_or_p2pfl_listed_or_not(tmp_path: Path, field: str,
                                                                                        value: str) -> None:
-    """Before: `model.name = "os:abort"` killed the launcher."""
+    """Review finding 8: Before: `model.name = "os:abort"` killed the launcher."""
     top = value.split(":")[0].split(".")[0]
     for extra in ([], [f'plugins=["{top}"]']):
         with pytest.raises(ConfigError, match="a scenario file runs the code it names") as info:
@@ -105,8 +105,9 @@ def test_finding_8_a_scenario_never_names_the_standard_library_or_p2pfl_listed_o
         assert info.value.field == field
 
 
-def test_finding_8_a_package_runs_only_next_to_the_scenario_or_listed(tmp_path: Path,
+def test_a_package_runs_only_next_to_the_scenario_or_listed(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding 8."""
     elsewhere = tmp_path / "site"
     elsewhere.mkdir()
     (elsewhere / "their_models.py").write_text("from tests.runtime.test_plugins import split_net\n")

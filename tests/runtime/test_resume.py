@@ -405,8 +405,8 @@ def test_a_run_resumed_together_replays_from_each_checkpoint_however_far_apart(t
     assert all(r["arrived"] for r in node_0[2:])  # the neighbours' later versions served its replayed rounds
 
 
-def test_finding_9_a_copied_run_folder_resumes_in_the_copy_and_leaves_the_original_alone(tmp_path: Path) -> None:
-    """Before: the copy's configs named the original's files by absolute path, so `--resume` of the
+def test_a_copied_run_folder_resumes_in_the_copy_and_leaves_the_original_alone(tmp_path: Path) -> None:
+    """Review finding 9: Before: the copy's configs named the original's files by absolute path, so `--resume` of the
     copy rewrote the original, and the copy reported every node failed with exit 0."""
     import shutil
 
@@ -435,9 +435,9 @@ def test_finding_9_a_copied_run_folder_resumes_in_the_copy_and_leaves_the_origin
     assert {p: p.read_bytes() for p in original.rglob("*") if p.is_file()} == before
 
 
-def test_finding_10_a_damaged_checkpoint_is_named_in_the_summary_with_the_intact_previous_one(tmp_path: Path,
+def test_a_damaged_checkpoint_is_named_in_the_summary_with_the_intact_previous_one(tmp_path: Path,
                                                                                              capsys) -> None:
-    """Before: the node failed clearly in its log, the run's summary said nothing of why, and the
+    """Review finding 10: Before: the node failed clearly in its log, the run's summary said nothing of why, and the
     intact previous checkpoint in the swap file was never mentioned."""
     import shutil
 

@@ -340,8 +340,8 @@ def test_compare_reference_must_name_a_row(tmp_path):
     assert info.value.field == "--reference" and not (tmp_path / "cmp").exists()
 
 
-def test_finding_11_compare_refuses_a_folder_holding_runs_without_reuse_or_force(tmp_path, capsys):
-    """Before, a second `p2pfl compare` into the same folder re-ran every row and replaced the
+def test_compare_refuses_a_folder_holding_runs_without_reuse_or_force(tmp_path, capsys):
+    """Review finding 11: Before, a second `p2pfl compare` into the same folder re-ran every row and replaced the
     earlier runs, exit 0: now it is refused as `p2pfl run` refuses, and nothing is touched."""
     import json
 

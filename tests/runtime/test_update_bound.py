@@ -233,8 +233,8 @@ def _attacked_run(tmp_path: Path, update_bound: float, update_refuse: float = 0.
     return results, [part_norm(part_state(n.model, "full")) for n in nodes[1:]]
 
 
-def test_finding_12_a_sign_flipping_peer_x1000_is_bounded_and_named(tmp_path: Path) -> None:
-    """Before: honest FedAvg nodes averaged node-0's update reversed x1000 and nobody noticed."""
+def test_a_sign_flipping_peer_x1000_is_bounded_and_named(tmp_path: Path) -> None:
+    """Review finding 12: Before: honest FedAvg nodes averaged node-0's update reversed x1000 and nobody noticed."""
     bounded_results, bounded_norms = _attacked_run(tmp_path / "bound", 3.0)
     open_results, open_norms = _attacked_run(tmp_path / "off", 0.0)
     for r in bounded_results[1:]:
@@ -249,8 +249,8 @@ def test_finding_12_a_sign_flipping_peer_x1000_is_bounded_and_named(tmp_path: Pa
     assert max(bounded_norms) * 10 < min(open_norms)
 
 
-def test_finding_12_a_sign_flipping_peer_x1000_is_refused_at_the_default_factor(tmp_path: Path) -> None:
-    """Pulled back, the reversed update still weighs in every average; at the default
+def test_a_sign_flipping_peer_x1000_is_refused_at_the_default_factor(tmp_path: Path) -> None:
+    """Review finding 12: Pulled back, the reversed update still weighs in every average; at the default
     `update_refuse` it is refused in every round, named, and no honest model takes it in."""
     results, norms = _attacked_run(tmp_path / "refuse", 1.0, 100.0)
     _, bounded_norms = _attacked_run(tmp_path / "bound", 1.0, 0.0)
@@ -318,8 +318,8 @@ def test_a_thousand_nodes_pulled_back_are_named_ten_at_a_time() -> None:
     assert "more peers" not in bounded_warning({"node-1": 2}, 3, {})
 
 
-def test_issue_48_finding_7_a_sign_flip_just_under_the_refusal_is_dropped_after_three_rounds(tmp_path: Path) -> None:
-    """A real run: node 0 publishes its update sign-flipped x90 (over the bound, under the 100x
+def test_a_sign_flip_just_under_the_refusal_is_dropped_after_three_rounds(tmp_path: Path) -> None:
+    """Review finding 7 of issue 48: A real run: node 0 publishes its update sign-flipped x90 (over the bound, under the 100x
     refusal). Each honest node pulls it back three rounds, then asks it no more."""
     from p2pfl.scenario.launcher import run_scenario
 

@@ -52,7 +52,8 @@ def opens_or_wire_error(frame: bytes) -> None:
 
 @pytest.mark.parametrize("shape", [[LIMIT, LIMIT, LIMIT, 0], [0, LIMIT, LIMIT, LIMIT], [2**20, 0, 2**20],
                                    [LIMIT, 0, 2]])
-def test_finding_1_a_zero_dim_beside_huge_dims_is_a_wire_error(shape: list[int]) -> None:
+def test_a_zero_dim_beside_huge_dims_is_a_wire_error(shape: list[int]) -> None:
+    """Review finding 1."""
     frame = signed_body({"tensors": [{"name": "w", "dtype": "float32", "shape": shape}]}, b"")
     with pytest.raises(MalformedMessage, match="multiplies past"):
         open_(frame)
@@ -63,8 +64,8 @@ def test_a_zero_sized_tensor_of_modest_dims_still_opens() -> None:
     assert open_(frame).tensors["w"].shape == (0, 3, 5)
 
 
-def test_finding_13_padding_after_the_signature_must_be_zero() -> None:
-    """The padding is outside the signature: a relay flipping it made one signed frame many."""
+def test_padding_after_the_signature_must_be_zero() -> None:
+    """Review finding 13: The padding is outside the signature: a relay flipping it made one signed frame many."""
     for size in range(64):  # a header length that leaves room for padding
         frame = bytearray(craft(meta={"p": "x" * size}))
         pad_start = 9 + struct.unpack(">I", frame[5:9])[0] + 64

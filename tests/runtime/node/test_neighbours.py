@@ -170,8 +170,8 @@ def test_statements_far_ahead_of_this_nodes_round_are_not_taken() -> None:
     assert not t.departed and not t.news_for(3)
 
 
-def test_issue_48_finding_7_a_neighbour_far_over_the_bound_in_most_rounds_is_asked_no_more() -> None:
-    """A colluding pair's sign-flip x90 lay 94-100 times over the bound, just under the refusal:
+def test_a_neighbour_far_over_the_bound_in_most_rounds_is_asked_no_more() -> None:
+    """Review finding 7 of issue 48: A colluding pair's sign-flip x90 lay 94-100 times over the bound, just under the refusal:
     pulled back every round, it still cost FedAvg 6.5 points. Honest parts lay at most 10.8 times
     over, once; far over in most rounds (of at least 3), or refused, a neighbour is dropped."""
     t = table(["node-1", "node-2", "node-3"])
