@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
   partitions+=("$1"); shift
 done
 [ ${#partitions[@]} -gt 0 ] || partitions=(dirichlet pathological)
-rows='local,fedavg,fedprox[mu=0.01|0.1],fedamp[alpha_k=0.01|0.1,lam=0.001,sigma=1],fedfomo,pfedsv'
+rows='local,fedavg,fedfomo,pfedsv,fedprox[mu=0.01|0.1],fedamp[alpha_k=0.01|0.1,lam=0.001,sigma=1]'  # runs in this order; each run is independent of the others
 for partition in "${partitions[@]}"; do
   sets=(${extra[@]+"${extra[@]}"})
   [ "$partition" = dirichlet ] && sets+=(--set 'data.partition="dirichlet"' --set data.alpha=0.1)

@@ -302,8 +302,25 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                      "elapsed_s": wall if wall is not None else elapsed,
                      "eta_s": 0.0 if done else estimate_eta(node_rounds_done, node_rounds_total, elapsed)},
         "privacy": {"mode": str(privacy.get("mode", "none"))},
-        "summary_lines": summary_lines, "done": done,
+        "summary_lines": summary_lines, "done": done, "audit": audit_view(run_dir),
     }
+
+
+def audit_view(run_dir: Path) -> dict[str, Any] | None:
+    """`p2pfl audit`'s findings per peer, where RUN/audit.json exists (`p2pfl.audit`)."""
+    doc = _json_file(RunFolder(run_dir).audit)
+    if not doc or "peers" not in doc:
+        return None
+    rows = []
+    for peer, found in sorted(doc["peers"].items()):
+        attacks = found.get("membership") or {}
+        rows.append({"peer": peer, "part": found.get("part"), "round": found.get("round"),
+                     **{f"auc_{name}": _finite(a.get("auc")) for name, a in attacks.items()},
+                     "advantage": max((_finite(a.get("advantage")) or 0.0 for a in attacks.values()), default=None),
+                     "epsilon_proven": max((_finite(a.get("epsilon_lower_bound")) or 0.0 for a in attacks.values()),
+                                           default=None),
+                     "epsilon_accounted": _finite(found.get("accounted_epsilon")), "skipped": found.get("skipped")})
+    return {"node": doc.get("node"), "summary": doc.get("summary", {}), "peers": rows}
 
 
 def is_compare_folder(folder: Path) -> bool:

@@ -589,3 +589,22 @@ def test_the_strategys_hooks_get_a_curve_each(tmp_path: Path) -> None:
     assert sorted(hooks) == ["fit/lr", "metrics/acc_weighted"]  # numbers only
     [band] = hooks["metrics/acc_weighted"]
     assert band["round"] == 1 and abs(band["mean"] - 0.2) < 1e-12 and band["n"] == 2
+
+
+def test_an_audited_run_shows_what_its_auditing_node_learned_of_each_peer(tmp_path: Path) -> None:
+    folder = RunFolder(tmp_path)
+    folder.scenario.write_text(json.dumps({"name": "t", "nodes": 2, "rounds": 1, "algorithm": {"name": "fedavg"}}))
+    folder.append_round("node-0", {"round": 1, "test_acc": 0.5, "test_acc_aggregated": 0.5})
+    assert dashboard_state(tmp_path)["audit"] is None
+    leak = {"auc": 0.61, "advantage": 0.2, "epsilon_lower_bound": 0.4}
+    folder.audit.write_text(json.dumps({"node": "node-0", "summary": {"update_psnr": 9.1}, "peers": {
+        "node-1": {"part": "full", "round": 1, "membership": {"loss": leak, "shadow": {**leak, "auc": 0.55,
+                                                                                      "epsilon_lower_bound": 0.7}},
+                   "accounted_epsilon": 3.9},
+        "node-2": {"skipped": "no model part was read from it", "accounted_epsilon": None}}}))
+    audit = dashboard_state(tmp_path)["audit"]
+    assert audit["node"] == "node-0" and audit["summary"] == {"update_psnr": 9.1}
+    first, second = audit["peers"]
+    assert (first["auc_loss"], first["auc_shadow"], first["epsilon_proven"], first["epsilon_accounted"]) == (
+        0.61, 0.55, 0.7, 3.9)
+    assert second["skipped"] == "no model part was read from it"
