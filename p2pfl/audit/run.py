@@ -120,9 +120,13 @@ def audit_run(run: Path, node: str, settings: AuditSettings = AuditSettings()) -
     shadow = ShadowAttack(seat.fresh_model, torch.cat([own.train.x, own.val.x]), torch.cat([own.train.y, own.val.y]),
                           seat.num_classes, shadows=settings.shadows, epochs=settings.shadow_epochs, seed=settings.seed)
     peers, pictures = {}, {}
-    for i, peer in enumerate(seat.received):
+    nodes = [p for p in seat.received if p in index_of]
+    for peer in seat.received:
+        if peer not in index_of:  # the coordinator's global model: no training data of its own
+            peers[peer] = {"skipped": "not a node of the run: it holds no training data"}
+            continue
         peers[peer], pictures[peer] = audit_peer(seat, shadow, peer, index_of[peer], settings,
-                                                 invert=i < settings.inversion_peers)
+                                                 invert=nodes.index(peer) < settings.inversion_peers)
         peers[peer]["accounted_epsilon"] = accounted.get(peer)
     doc = {"node": node, "scenario": seat.scenario.name, "algorithm": seat.scenario.algorithm.name,
            "privacy": seat.scenario.privacy.mode, "settings": settings.__dict__, "peers": peers,
