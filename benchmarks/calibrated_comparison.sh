@@ -12,17 +12,6 @@
 #   bash benchmarks/calibrated_comparison.sh ~/p2pfl-runs/calibrated-10 0,1,2,3,4 dirichlet pathological
 # then: p2pfl report ~/p2pfl-runs/calibrated-10/dirichlet (the table is compare.md in each folder)
 set -euo pipefail
-out=${1:?OUT folder}; seeds=${2:?seeds, e.g. 0,1,2,3,4}; shift 2
-partitions=(); extra=()
-while [ $# -gt 0 ]; do
-  if [ "$1" = "--" ]; then shift; extra=("$@"); break; fi
-  partitions+=("$1"); shift
-done
-[ ${#partitions[@]} -gt 0 ] || partitions=(dirichlet pathological)
-rows='local,fedavg,fedfomo,pfedsv,fedprox[mu=0.01|0.1],fedamp[alpha_k=0.01|0.1,lam=0.001,sigma=1]'  # runs in this order; each run is independent of the others
-for partition in "${partitions[@]}"; do
-  sets=(${extra[@]+"${extra[@]}"})
-  [ "$partition" = dirichlet ] && sets+=(--set 'data.partition="dirichlet"' --set data.alpha=0.1)
-  p2pfl compare scenarios/pfedsv_fmnist.toml --seeds "$seeds" --out "$out/$partition" \
-    --algorithms "$rows" --reference pfedsv --reuse --no-progress ${sets[@]+"${sets[@]}"}
-done
+# the rows run in this order (each run is independent of the others), through calibration.sh's loop
+ROWS='local,fedavg,fedfomo,pfedsv,fedprox[mu=0.01|0.1],fedamp[alpha_k=0.01|0.1,lam=0.001,sigma=1]' \
+  REFERENCE=pfedsv EVERY_READING=0 exec bash "$(dirname "$0")/calibration.sh" "$@"

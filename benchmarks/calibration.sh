@@ -19,9 +19,13 @@ while [ $# -gt 0 ]; do
   partitions+=("$1"); shift
 done
 [ ${#partitions[@]} -gt 0 ] || partitions=(dirichlet pathological)
+# benchmarks/calibrated_comparison.sh runs its rows through this loop (ROWS, REFERENCE, and no
+# extra readings: EVERY_READING=0)
+rows=${ROWS:-local,fedavg}; reference=${REFERENCE:-local}
 for partition in "${partitions[@]}"; do
-  sets=(--set 'data.extra_test_splits=["own_classes_balanced", "global"]' ${extra[@]+"${extra[@]}"})
+  sets=(${extra[@]+"${extra[@]}"})
+  [ "${EVERY_READING:-1}" = 1 ] && sets+=(--set 'data.extra_test_splits=["own_classes_balanced", "global"]')
   [ "$partition" = dirichlet ] && sets+=(--set 'data.partition="dirichlet"' --set data.alpha=0.1)
   p2pfl compare scenarios/pfedsv_fmnist.toml --seeds "$seeds" --out "$out/$partition" \
-    --algorithms 'local,fedavg' --reference local --reuse --no-progress "${sets[@]}"
+    --algorithms "$rows" --reference "$reference" --reuse --no-progress ${sets[@]+"${sets[@]}"}
 done
