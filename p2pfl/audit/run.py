@@ -3,7 +3,8 @@
 The attacks see the `Seat` only (the parts the node read, its own data and models). The truth
 they are scored against, each peer's training images (members) and held-out images of the same
 distribution (non-members: its validation split, and its test split where that is drawn from its
-own distribution), is built apart, after each attack has produced its scores or pictures.
+own distribution), is built apart from the seat, once for every peer attacked; an attack gets from
+it only the candidate images it is asked about, and the pictures are scored against it afterwards.
 """
 
 from __future__ import annotations
@@ -48,25 +49,24 @@ def _latest(parts: list[Received]) -> Received | None:
     return sorted((r for r in models if r.round == last), key=lambda r: ATTACKED_PARTS.index(r.part))[0]
 
 
-def _truth(seat: Seat, peer: str, index: int, cap: int, seed: int) -> tuple[NodeData, torch.Tensor, torch.Tensor]:
-    """The peer's data (members: up to `cap` training images; non-members: held out, same distribution)."""
-    from p2pfl.data.partition import build_partition
-
-    data = build_partition(seat.scenario.data, seat.scenario.nodes, seat.scenario.seed, only=[index]).node(index)
+def _challenge(seat: Seat, data: NodeData, cap: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A peer's candidates: up to `cap` of its training images (members), then its held-out
+    images of the same distribution (non-members)."""
     held = [data.val] + ([data.test] if seat.scenario.data.test_split == "own_distribution" else [])
     x = torch.cat([s.x for s in held])[:cap]
     y = torch.cat([s.y for s in held])[:cap]
     keep = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(seed))[:cap]
-    return data, torch.cat([data.train.x[keep], x]), torch.cat([data.train.y[keep], y])
+    return torch.cat([data.train.x[keep], x]), torch.cat([data.train.y[keep], y])
 
 
-def audit_peer(seat: Seat, shadow: ShadowAttack, peer: str, index: int, settings: AuditSettings,
+def audit_peer(seat: Seat, shadow: ShadowAttack, peer: str, data: NodeData, settings: AuditSettings,
                invert: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """`data`: the peer's own splits, the truth its attacks are scored against (the scorer's, not the seat's)."""
     latest = _latest(seat.received[peer])
     if latest is None:
         return {"skipped": "no model part was read from it"}, {}
     target = seat.assembled(latest)
-    data, cx, cy = _truth(seat, peer, index, settings.members, settings.seed)
+    cx, cy = _challenge(seat, data, settings.members, settings.seed)
     n_members = min(settings.members, len(data.train))
     # the attacks, from the seat: scores for the candidates, pictures
     scores = {"loss": loss_scores(target, cx, cy), "shadow": shadow.scores(target, cx, cy)}
@@ -121,11 +121,15 @@ def audit_run(run: Path, node: str, settings: AuditSettings = AuditSettings()) -
                           seat.num_classes, shadows=settings.shadows, epochs=settings.shadow_epochs, seed=settings.seed)
     peers, pictures = {}, {}
     nodes = [p for p in seat.received if p in index_of]
+    from p2pfl.data.partition import build_partition  # the truth, built once for every peer attacked
+
+    truth = build_partition(seat.scenario.data, seat.scenario.nodes, seat.scenario.seed,
+                            only=[index_of[p] for p in nodes])
     for peer in seat.received:
         if peer not in index_of:  # the coordinator's global model: no training data of its own
             peers[peer] = {"skipped": "not a node of the run: it holds no training data"}
             continue
-        peers[peer], pictures[peer] = audit_peer(seat, shadow, peer, index_of[peer], settings,
+        peers[peer], pictures[peer] = audit_peer(seat, shadow, peer, truth.node(index_of[peer]), settings,
                                                  invert=nodes.index(peer) < settings.inversion_peers)
         peers[peer]["accounted_epsilon"] = accounted.get(peer)
     doc = {"node": node, "scenario": seat.scenario.name, "algorithm": seat.scenario.algorithm.name,
