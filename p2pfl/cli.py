@@ -369,12 +369,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         live_view = all_of(views)
         _, code = run_scenario(args.scenario, args.out, overrides, progress=not args.no_progress,
                                timeout_s=args.timeout, force=args.force, resume=args.resume, live_view=live_view)
-        # Only at a terminal, where Ctrl-C ends it: started from a script (`&`, where SIGINT is
-        # ignored) the page would be served for ever after its run.
         if (args.out / "received").is_dir() and code == 0:  # runtime.audit: the scenario asked for an audit
             from p2pfl.audit.command import audit_command
 
             audit_command(args.out, None)
+        # Only at a terminal, where Ctrl-C ends it: started from a script (`&`, where SIGINT is
+        # ignored) the page would be served for ever after its run.
         if args.dashboard is not None and not args.no_linger and sys.stdin.isatty():
             _serve_after_run(args.out, args.dashboard)
         return code

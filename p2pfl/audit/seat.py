@@ -94,7 +94,7 @@ class Seat:
         if before:
             from safetensors.torch import load_file
 
-            load_part(model, load_file(str(self.own[max(before)])))
+            load_part(model, _plain_names(load_file(str(self.own[max(before)])), model))
         return model
 
     def assembled(self, received: Received) -> SplitModel:
