@@ -10,7 +10,6 @@ aggregate of that round, which is the model the attacker can assemble.
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,9 +59,8 @@ class Seat:
             raise ConfigError("--node", f"{kept} does not exist: {node} kept nothing it read; run the scenario "
                                         f"with `p2pfl run ... --audit {node}` (runtime.audit)")
         scenario = load_scenario(folder.scenario)
-        ids = [r for r in read_records(folder.node_rounds(node))]
         heard = {int(r["round"]): (set(r.get("arrived") or []), set((r.get("bytes_by_part") or {}).get("received", {})))
-                 for r in ids}
+                 for r in read_records(folder.node_rounds(node))}
         received: dict[str, list[Received]] = defaultdict(list)
         own: dict[int, Path] = {}
         for path in sorted(kept.glob("round-*/*.safetensors")):
@@ -101,7 +99,7 @@ class Seat:
         """The received part laid over the node's own aggregate of the round before it."""
         model = self.own_model(received.round - 1)
         load_part(model, _plain_names(received.tensors(), model))
-        return copy.deepcopy(model).eval()
+        return model.eval()  # built fresh for this part: nothing to copy
 
 
 def _plain_names(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
