@@ -50,6 +50,7 @@ from p2pfl.runtime.run_folder import RecordAppender, RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.status import PROGRESS_ENV, PROGRESS_PREFIX, exit_status
+from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.scenario.carriers import build_carrier
@@ -317,7 +318,7 @@ def _hosting(configs: Sequence[NodeConfig], resume: bool, together: bool = False
         # a node started by hand, at a terminal or through a pipe, logs its rounds instead.
         on_round: RoundCallback | None = None if not os.environ.get(PROGRESS_ENV) else (
             print_progress if len(configs) == 1 else BatchedProgress(sys.stdout))
-        return asyncio.run(host_nodes(configs, resume=resume, together=together, join=join, on_round=on_round,
+        return run_stoppable(host_nodes(configs, resume=resume, together=together, join=join, on_round=on_round,
                                       members=members))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the run: the checkpoints keep the rounds done
         logging.getLogger("p2pfl").warning("interrupted; rounds finished so far are checkpointed (--resume)")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from p2pfl.errors import ConfigError
 from p2pfl.logs import LEVELS, set_level
+from p2pfl.runtime.stopping import Terminated, raise_terminated
 
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C
@@ -22,15 +23,6 @@ NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # what a key file may 
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a command stopped by `kill`
 TOGETHER_HELP = ("with --resume: every node of the federation resumes now (as `p2pfl run --resume` starts them): "
                  "replay from the checkpoint's round rather than rejoin where the neighbours' checkpoints are")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill PID`, a scheduler, a CI timeout), taken the way Ctrl-C is: the launcher
-    stops its nodes, writes what they finished and says how to resume."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -227,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "log_level", None):
         set_level(args.log_level)  # inherited by every process this command starts
     on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if on_main_thread else None
     try:
         return _dispatch(args)
     except ConfigError as exc:

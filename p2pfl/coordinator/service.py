@@ -37,6 +37,7 @@ from p2pfl.runtime.config import NodeConfig, node_ids
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.devices import host_snapshot, node_device, split_to_device, to_device
 from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Reply, Submission
 from p2pfl.runtime.transport import SETUP_PREFIX, Transport
@@ -296,5 +297,5 @@ class Coordinator:
 
 def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
     logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
-    result = asyncio.run(Coordinator(config, resume=resume).run())
+    result = run_stoppable(Coordinator(config, resume=resume).run())
     return 1 if result["status"] in ("failed", "degraded") else 0

@@ -32,6 +32,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
 from p2pfl.runtime.timing import PHASES
+from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.scenario.membership import EVENTS as MEMBERSHIP_EVENTS
 from p2pfl.scenario.deaths import read_death
 from p2pfl.report.tensorboard import hook_scalars
@@ -515,4 +516,4 @@ def serve_dashboard(folder: Path, host: str = "127.0.0.1", port: int = 8050, *, 
         finally:
             await runner.cleanup()
 
-    asyncio.run(forever())
+    run_stoppable(forever())

@@ -30,6 +30,7 @@ from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.roster import ROSTER_FILE, load_roster, write_roster
 from p2pfl.runtime.run_folder import RunFolder, read_records
 from p2pfl.runtime.strategy import COORDINATOR_ID
+from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.topology import Topology
 from p2pfl.hosting import Hosting, hosting_for
@@ -297,11 +298,11 @@ def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, ti
             elif addresses is not None:  # new hosts and ports (Ray's actors); the same keys
                 readdress_run_folder(scenario, out.resolve(),
                                      [*node_paths, *([coordinator_path] if coordinator_path else [])], addresses)
-            codes = asyncio.run(_run_hosts(scenario, out, in_locality_order(scenario, node_paths), coordinator_path,
+            codes = run_stoppable(_run_hosts(scenario, out, in_locality_order(scenario, node_paths), coordinator_path,
                                            progress, timeout_s, resume, hosting, live_view))
         finally:
             hosting.close()
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (p2pfl.cli.Terminated): the nodes are stopped by now
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (p2pfl.runtime.stopping.Terminated): the nodes are stopped by now
         if RunFolder(out).scenario.is_file():
             _write_stopped_results(scenario, out, time.perf_counter() - started, partition.ground_truth())
         raise

@@ -221,6 +221,43 @@ def test_a_stopped_coordinator_says_one_line_and_no_traceback(tmp_path, sig):
     assert len(said) == 1 and "--resume" in said[0], err[-2000:]
 
 
+def test_sigterm_cancels_the_main_task_between_loop_turns_and_the_handler_comes_back():
+    """SIGTERM reaches an asyncio process as one cancellation of its main task, as Ctrl-C does:
+    its cleanup runs on a whole loop, `Terminated` comes after the loop closed, and the handler
+    the process had before is back. (Raised from a Python signal handler inside the loop, it once
+    left a stopped coordinator's shutdown waiting past 60 s in CI.)"""
+    import asyncio
+    import signal
+
+    from p2pfl.runtime.stopping import Terminated, raise_terminated, run_stoppable
+
+    cleaned: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.05, signal.raise_signal, signal.SIGTERM)
+        helper = asyncio.ensure_future(asyncio.sleep(30))
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0)  # the cleanup can still await: the loop is whole
+            helper.cancel()
+            cleaned.append("main")
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        with pytest.raises(Terminated):
+            run_stoppable(main())
+        assert signal.getsignal(signal.SIGTERM) is raise_terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert cleaned == ["main"]
+
+    async def finishes() -> int:
+        return 7
+
+    assert run_stoppable(finishes()) == 7  # no signal: asyncio.run's result
+
+
 def test_a_node_whose_progress_reader_is_gone_goes_on(monkeypatch):
     """A launcher that stops closes its end of the progress pipe before its nodes are killed: a
     node that wrote its round's line then failed on BrokenPipeError and left a "failed" result
