@@ -211,6 +211,10 @@ class Coordinator:
                 self.log.info("round %d aggregated from %d nodes, held-out acc %s", r, len(got), held_acc)
                 self.submissions.pop(r, None)
                 await asyncio.to_thread(self.write_checkpoint)
+        except asyncio.CancelledError:  # the process is going down: its nodes' waiting reads end, its port is freed
+            await self.endpoint.stop_listening()
+            await self.endpoint.close()
+            raise
         except Exception as exc:
             status, error = "failed", "".join(traceback.format_exception(exc))
             self.log.error("coordinator failed:\n%s", error)

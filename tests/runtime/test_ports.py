@@ -100,3 +100,36 @@ def test_a_cancelled_node_closes_its_listener_and_client_session(tmp_path: Path)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((node.config.host, node.config.port))
         s.listen()
+
+
+def test_a_cancelled_coordinator_closes_its_listener(tmp_path: Path) -> None:
+    """Its nodes never come: the coordinator waits for the first submission, listening; cancelled
+    (its process going down), it frees its port as a node does."""
+    import asyncio
+
+    from .helpers import build_in_process, write_tiny
+
+    _, coordinator = build_in_process(write_tiny(tmp_path, nodes=2, rounds=1, samples=40, algorithm="fedavg_global"),
+                                      tmp_path / "run", overrides=("runtime.first_submission_wait_s=60",))
+    assert coordinator is not None
+
+    async def cancel_while_waiting() -> None:
+        task = asyncio.create_task(coordinator.run())
+        while True:  # until it answers a connection: listening
+            assert not task.done(), task.exception()
+            try:
+                _, writer = await asyncio.open_connection(coordinator.config.host, coordinator.config.port)
+            except OSError:
+                await asyncio.sleep(0.01)
+                continue
+            writer.close()
+            break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_while_waiting())
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((coordinator.config.host, coordinator.config.port))
+        s.listen()

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from p2pfl.runtime.transport.http import Endpoint
 
 CONTENT_TYPE = "application/x-p2pfl"
+# How long a closing endpoint lets requests in flight finish (aiohttp's default is 60 s): a peer's
+# long-poll read left open would otherwise hold a stopped process that long.
+SHUTDOWN_GRACE_S = 2.0
 
 
 class HttpServer:
@@ -36,7 +39,8 @@ class HttpServer:
 
     async def _start_server(self: Endpoint, host: str, port: int) -> None:
         # auto_decompress=False: a compressed body must be refused, not inflated by the parser first.
-        self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=15.0, auto_decompress=False)
+        self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=15.0, auto_decompress=False,
+                                    shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
         server = self._runner.server
         assert server is not None
