@@ -258,3 +258,70 @@ def test_revocation_lasts_a_restart_and_the_revoked_member_is_told_by_a_list_it_
     assert restarted.directory.revocations.revoked.keys() == {"gamma", "beta"}
     assert gamma.config.revocations_file == tmp_path / "gamma.revocations.toml"  # default: beside the certificate
     assert "gamma" in gamma.config.revocations_file.read_text()  # gamma keeps the list that revoked it too
+
+
+def test_a_hostile_seeds_thousands_of_records_are_read_whole_and_cost_a_bounded_few() -> None:
+    """A genuine member as seed answers every exchange with 2000 records of its own (each signed
+    later, each at another address: a fan-out and loops), or with 200 non-members. The joiner
+    reads each answer whole (it took the first chunk only and refused 2 MB answers as not
+    msgpack), keeps one record of the seed, at its newest address, notes at most 16 refusals an
+    exchange and opens one connection. Across processes, with memory and time:
+    `python benchmarks/hostile_seed.py` (docs/security.md)."""
+    from aiohttp import web
+
+    from p2pfl.runtime.federation.certificates import issue
+    from p2pfl.runtime.federation.directory import REFUSED_PER_EXCHANGE, Directory
+    from p2pfl.runtime.federation.gossip import PATH, Gossip
+    from p2pfl.runtime.federation.gossip import encode as encode_exchange
+    from p2pfl.runtime.federation.records import sign_record
+
+    federation, seed_key, stranger = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+    now = time.time()
+    certificate = issue(federation, "seed", seed_key.public_hex, now=now - 60)
+    addresses = [f"http://10.9.{i // 250}.{i % 250 + 1}:9000" for i in range(2000)]
+    itself = [sign_record(seed_key, certificate, url, now=now - 30 + i * 1e-3).to_dict() for i, url in enumerate(addresses)]
+    strangers = []
+    for i in range(200):
+        key = NodeKey.generate()
+        strangers.append(sign_record(key, issue(stranger, f"stranger-{i}", key.public_hex, now=now - 60), addresses[i],
+                                     now=now - 30).to_dict())
+
+    async def against(records: list[dict[str, Any]]) -> tuple[Gossip, set[Any], str]:
+        peers: set[Any] = set()
+        answer = encode_exchange({"records": records})
+
+        async def exchange(request: web.Request) -> web.Response:
+            peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+            await request.read()
+            return web.Response(body=answer, content_type="application/msgpack")
+
+        app = web.Application()
+        app.router.add_post(PATH, exchange)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        key = NodeKey.generate()
+        own = sign_record(key, issue(federation, "joiner", key.public_hex, now=now - 60), None, now=now)
+        gossip = Gossip(Directory(federation.public_hex, own))
+        try:
+            await gossip.discover([url], wait_s=5.0)
+            for _ in range(3):
+                await gossip.exchange(url)
+        finally:
+            await gossip.close()
+            await runner.cleanup()
+        return gossip, peers, url
+
+    async def both() -> None:
+        gossip, peers, _ = await against([sign_record(seed_key, certificate, None, now=now - 40).to_dict(), *itself])
+        assert set(gossip.directory.records) == {"seed"} and gossip.exchanges == 4
+        assert gossip.directory.records["seed"].url == addresses[-1]  # its newest word, one record
+        assert len(peers) == 1
+        gossip, peers, _ = await against([itself[-1], *strangers])
+        assert set(gossip.directory.records) == {"seed"} and gossip.exchanges == 4
+        assert gossip.directory.refusals == 4 * REFUSED_PER_EXCHANGE and len(gossip.directory.refused) == REFUSED_PER_EXCHANGE
+        assert len(peers) == 1
+
+    asyncio.run(both())

@@ -66,6 +66,19 @@ def decode(body: bytes) -> dict[str, Any]:
     return payload
 
 
+async def read_answer(content: aiohttp.StreamReader) -> bytes:
+    """An answer's whole body, or its first MAX_EXCHANGE_BYTES + 1 bytes (`decode` names it too
+    large). `content.read(n)` gives what has arrived, not n bytes: an answer of a few hundred
+    records came cut and was refused as not msgpack."""
+    chunks, size = [], 0
+    async for chunk in content.iter_chunked(1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_EXCHANGE_BYTES:
+            break
+    return b"".join(chunks)
+
+
 class Gossip:
     def __init__(self, directory: Directory, *, period_s: float = 2.0, timeout_s: float = 5.0, seed: int = 0,
                  log: logging.Logger | None = None) -> None:
@@ -110,7 +123,7 @@ class Gossip:
             # signed by members and the federation, so a man in the middle can withhold, not forge.
             async with session.post(url.rstrip("/") + PATH, data=body, ssl=False,
                                     headers={"Content-Type": "application/msgpack"}) as response:
-                return response.status, await response.content.read(MAX_EXCHANGE_BYTES + 1)
+                return response.status, await read_answer(response.content)
 
         try:
             status, answer = await wait_at_most(post(), self.timeout_s)
