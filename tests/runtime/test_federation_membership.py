@@ -247,3 +247,23 @@ def test_two_thousand_hostile_exchanges_get_an_answer_and_change_nothing(fed: No
     assert statuses == {200, 403}  # both: some mutations leave a payload that is still valid
     assert set(gossip.directory.records) <= {"alpha", "beta"} and "alpha" in gossip.directory.records
     assert gossip.directory.revocations.number == 0 or gossip.directory.revocations.revoked == {"x": NOW}
+
+
+def test_a_flood_is_answered_with_the_revocations_only_and_an_exchange_with_the_members(fed: NodeKey) -> None:
+    """Every member floods a new revocation list to every other: answered each with its whole
+    member list, 100 members spent N² lists and their outbound-only members heard 4.4 gossip
+    periods late, not 2 (`python benchmarks/revocation_spread.py`, docs/security.md)."""
+    import asyncio
+
+    from p2pfl.runtime.federation.gossip import Gossip
+
+    _, own = _member(fed, "self")
+    gossip = Gossip(Directory(fed.public_hex, own, clock=lambda: NOW))
+    for name in ("alpha", "beta"):
+        gossip.directory.offer(_member(fed, name)[1])
+    _, gamma = _member(fed, "gamma")
+    revocations = revoke(fed, None, "x", now=NOW).to_dict()
+    status, answer = asyncio.run(gossip.handle(encode({"from": gamma.to_dict(), "revocations": revocations})))
+    assert status == 200 and "records" not in decode(answer) and decode(answer)["revocations"]["number"] > 0
+    status, answer = asyncio.run(gossip.handle(encode({"from": gamma.to_dict(), "records": [], "revocations": revocations})))
+    assert status == 200 and {r["member"] for r in decode(answer)["records"]} == {"alpha", "beta", "gamma"}

@@ -104,7 +104,9 @@ class Gossip:
             return 403, f"{refused.cause}: {refused.detail}".encode()
         if newer:
             self.flood()
-        return 200, encode(self.directory.payload())
+        # A flood (no "records") is answered with the revocations only: every member flooding every
+        # other used to answer each with its whole member list, N² lists that held up gossip for seconds.
+        return 200, encode(self.directory.payload(with_records="records" in payload))
 
     # ---- reaching out -------------------------------------------------------------------------
     async def _session(self) -> aiohttp.ClientSession:
