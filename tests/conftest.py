@@ -1,9 +1,55 @@
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 import torch
 
 # Tests share 2 cores with the node processes they start.
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# What a test starts that makes it slow: Python (a node, a worker, a command), Ray, a browser.
+# Tools a library runs once a process, whichever test comes first (git for a run's version,
+# ldconfig for ctypes), are not counted: they would make the check depend on the order.
+OURS = ("python", "p2pfl", "ray", "chromium", "chromedriver")
+
+
+def _is_ours(executable: str) -> bool:
+    name = os.path.basename(executable)
+    return executable == sys.executable or name.startswith(OURS)
+
+
+@pytest.fixture(autouse=True)
+def _a_test_that_starts_a_process_is_marked_slow(request: pytest.FixtureRequest,
+                                                 monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`-m "not slow"` is the fast inner loop (README): a test that starts a process (a node, a
+    worker, a command, Ray) without the `slow` mark fails, naming what it started."""
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    started: list[str] = []
+    execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+    process_start = multiprocessing.process.BaseProcess.start
+
+    def popen(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> Any:
+        argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+        if argv and _is_ours(argv[0]):
+            started.append(" ".join(argv))
+        return execute_child(self, args, *rest, **kw)
+
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        started.append(f"multiprocessing {self.name}")
+        process_start(self)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    yield
+    if started:
+        pytest.fail(f"starts a process ({started[0][:160]}) without @pytest.mark.slow", pytrace=False)

@@ -36,6 +36,7 @@ def test_a_user_strategy_is_validated_like_a_built_in(user_module: Path) -> None
         strategy_class("fedavgg")
 
 
+@pytest.mark.slow
 def test_a_user_strategy_runs_in_node_processes(user_module: Path) -> None:
     from p2pfl.scenario.launcher import run_scenario
     from tests.runtime.helpers import write_tiny
@@ -100,6 +101,7 @@ class PowerGlobal(GlobalModelStrategy):
 '''
 
 
+@pytest.mark.slow
 def test_a_user_strategy_brings_its_own_coordinator_half(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The optional half of item 1: a user's CoordinatorHalf, named by its Strategy, runs on the
     coordinator with its parameters validated like a built-in's."""
@@ -137,6 +139,7 @@ def test_a_user_strategy_brings_its_own_coordinator_half(tmp_path: Path, monkeyp
     assert "```python\n" + UNIFORM_GLOBAL.lstrip("\n") + "```" in docs
 
 
+@pytest.mark.slow
 def test_a_failing_strategy_says_why_in_the_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """The terminal names each failed node and its last error line, not only "FAILED: ..."."""

@@ -4,6 +4,8 @@ the computation from scratch."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -37,6 +39,7 @@ def _probe_in_own_process(index: int) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_nodes_of_one_worker_and_of_their_own_process_get_the_same_slice_and_neighbours() -> None:
     sc = load_scenario(*SCENARIO)
     topology = Topology.parse(sc.runtime.topology)

@@ -104,6 +104,7 @@ def test_the_log_pane_reads_the_last_whole_lines_of_a_long_log(tmp_path: Path) -
     assert log_tail(short) == ["first", "second"]  # a log shorter than the tail read keeps its first line
 
 
+@pytest.mark.slow
 def test_a_finished_run_shows_its_summary_line_its_errors_and_that_privacy_was_off(tmp_path: Path) -> None:
     from p2pfl.scenario.launcher import run_scenario
     from tests.runtime.helpers import write_tiny

@@ -65,6 +65,7 @@ def test_round_time_of_many_nodes_shows_the_nodes_at_percentiles_of_round_time()
     assert shown[1][0].endswith("(10th pct)")
 
 
+@pytest.mark.slow
 def test_a_lan_merge_and_the_launcher_write_the_same_results(tmp_path: Path) -> None:
     """One writer (`p2pfl.scenario.results.write_results`) for both: a LAN run's merged file used
     to lack `relevance_scores` and `data_fingerprint`."""

@@ -70,6 +70,7 @@ def test_the_federation_view_places_each_peer_over_the_nodes_that_judged_it(tmp_
     assert run_trust([{"id": "node-0", "rounds": []}]) is None
 
 
+@pytest.mark.slow
 def test_a_poisoner_has_the_worst_conduct_at_every_honest_node(tmp_path: Path) -> None:
     """A real run: node 0 publishes Gaussian noise to three FedAvg peers that bound what they take
     (runtime.update_bound = 1): every honest node ranks it last by conduct, and results.json and

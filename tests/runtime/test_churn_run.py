@@ -24,6 +24,7 @@ CHURN = ['runtime.placement="shared"', "runtime.workers=1", 'runtime.topology="r
          "churn.crash=[{node = 1, round = 2, restart = 4}]"]
 
 
+@pytest.mark.slow
 def test_the_timeline_follows_the_schedule_and_the_same_seed_gives_the_same_one(tmp_path: Path) -> None:
     path = write_tiny(tmp_path, nodes=5, rounds=5, samples=40, timeout=60.0)
     timelines = []

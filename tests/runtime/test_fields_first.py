@@ -24,6 +24,7 @@ print("torch imported:", "torch" in sys.modules, "exit", code)
     (["compare", QUICKSTART, "--algorithms", "fedavg", "--out", "OUT", "--set", 'data.partitoin="iid"'],
      "did you mean 'partition'"),
 ])
+@pytest.mark.slow
 def test_a_wrong_field_is_named_before_torch_loads(tmp_path: Path, command: list[str], field: str) -> None:
     argv = [a.replace("OUT", str(tmp_path / "out")) for a in command]
     done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120)

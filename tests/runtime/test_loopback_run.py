@@ -30,11 +30,13 @@ def _assert_the_run_over_http(tmp_path: Path, path: Path, carrier: str, placemen
         assert a["totals"]["param_bytes_received"] == b["totals"]["param_bytes_received"] > 0
 
 
+@pytest.mark.slow
 def test_a_run_over_loopback_equals_the_run_over_http(tmp_path: Path) -> None:
     _assert_the_run_over_http(tmp_path, write_tiny(tmp_path, nodes=3, rounds=2, samples=40), "loopback",
                               SHARED_ONE_WORKER)
 
 
+@pytest.mark.slow
 def test_a_sparse_run_over_loopback_equals_the_sparse_run_over_http(tmp_path: Path) -> None:
     """Sparse parts and their public copies (runtime.wire_sparsity) are carried alike: the same
     records and the same (sparse) parameter bytes."""
@@ -42,6 +44,7 @@ def test_a_sparse_run_over_loopback_equals_the_sparse_run_over_http(tmp_path: Pa
                               (*SHARED_ONE_WORKER, 'runtime.wire_sparsity="topk:0.05"'))
 
 
+@pytest.mark.slow
 def test_a_run_over_colocated_workers_equals_the_run_over_http(tmp_path: Path) -> None:
     """Two workers: each node reaches the neighbours of its own worker in memory and the others over HTTP."""
     _assert_the_run_over_http(tmp_path, write_tiny(tmp_path, nodes=4, rounds=2, samples=40), "colocated",

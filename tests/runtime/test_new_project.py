@@ -13,6 +13,7 @@ from p2pfl.cli import main
 from p2pfl.scenario.compare import parse_algorithms
 
 
+@pytest.mark.slow
 def test_a_new_project_runs_as_written_from_its_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["new", "demo", "--parent", str(tmp_path)]) == 0
     folder = tmp_path / "demo"

@@ -124,6 +124,7 @@ def test_a_package_runs_only_next_to_the_scenario_or_listed(tmp_path: Path,
     assert "plugins" not in load_scenario(scenario).to_dict()  # old run folders still match
 
 
+@pytest.mark.slow
 def test_a_factory_returning_the_wrong_type_stops_the_run_before_start(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     scenario = write_tiny(tmp_path)

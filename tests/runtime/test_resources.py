@@ -29,6 +29,7 @@ print(json.dumps({"freed": freed, "after": rss_kib(), "released": released}))
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+@pytest.mark.slow
 def test_freed_blocks_of_a_models_size_go_back_to_the_os() -> None:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, check=True)
@@ -54,6 +55,7 @@ print(json.dumps({"kept": kept, "faults": resource.getrusage(resource.RUSAGE_SEL
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+@pytest.mark.slow
 def test_freed_blocks_are_kept_for_the_next_ones_instead_of_faulted_in_again() -> None:
     def faults(mode: str) -> dict:
         done = subprocess.run([sys.executable, "-c", GROWING_BLOCKS, mode], capture_output=True, text=True, check=True)
@@ -66,6 +68,7 @@ def test_freed_blocks_are_kept_for_the_next_ones_instead_of_faulted_in_again() -
 
 
 @pytest.mark.skipif(platform.system() == "Windows", reason="no RLIMIT_NOFILE")
+@pytest.mark.slow
 def test_the_open_file_limit_is_lifted_to_the_hard_one() -> None:
     child = ("import resource; from p2pfl.runtime.resources import raise_open_file_limit; "
              "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "

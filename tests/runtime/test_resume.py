@@ -195,6 +195,7 @@ def test_the_coordinator_resumes_with_its_model_and_aggregator_state(tmp_path: P
     assert node.strategy.state_dict() == nodes[0].strategy.state_dict()
 
 
+@pytest.mark.slow
 def test_resume_takes_the_stored_scenario_without_repeating_set(tmp_path: Path, capsys) -> None:
     """Before, --resume needed every --set of the first run again, and the refusal did not say so."""
     from p2pfl.errors import ConfigError
@@ -405,6 +406,7 @@ def test_a_run_resumed_together_replays_from_each_checkpoint_however_far_apart(t
     assert all(r["arrived"] for r in node_0[2:])  # the neighbours' later versions served its replayed rounds
 
 
+@pytest.mark.slow
 def test_a_copied_run_folder_resumes_in_the_copy_and_leaves_the_original_alone(tmp_path: Path) -> None:
     """Review finding 9: Before: the copy's configs named the original's files by absolute path, so `--resume` of the
     copy rewrote the original, and the copy reported every node failed with exit 0."""
@@ -435,6 +437,7 @@ def test_a_copied_run_folder_resumes_in_the_copy_and_leaves_the_original_alone(t
     assert {p: p.read_bytes() for p in original.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_named_in_the_summary_with_the_intact_previous_one(tmp_path: Path,
                                                                                              capsys) -> None:
     """Review finding 10: Before: the node failed clearly in its log, the run's summary said nothing of why, and the

@@ -53,6 +53,7 @@ def test_resolved_scenario_round_trips(tmp_path):
     assert scenario_from_dict(sc.to_dict()).to_dict() == sc.to_dict()
 
 
+@pytest.mark.slow
 def test_cli_exits_2_and_names_the_field(tmp_path):
     path = write_tiny(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "p2pfl", "run", str(path), "--out", str(tmp_path / "run"),
@@ -62,6 +63,7 @@ def test_cli_exits_2_and_names_the_field(tmp_path):
     assert not (tmp_path / "run").exists(), "nothing starts before the scenario is valid"
 
 
+@pytest.mark.slow
 def test_an_existing_run_folder_is_never_reused_silently(tmp_path, capsys):
     import json
 
@@ -118,6 +120,7 @@ def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_
     assert not compare_run(tmp_path / "cmp", rows[0].label, 4).exists()
 
 
+@pytest.mark.slow
 def test_compare_reuse_runs_a_failed_run_again(tmp_path, capsys):
     """A run whose nodes failed (a machine that ran out of memory, a run cut short) is no result:
     --reuse runs it again instead of averaging its NaN into the table."""
@@ -142,6 +145,7 @@ def test_compare_reuse_runs_a_failed_run_again(tmp_path, capsys):
     assert _cell([0.5, float("nan"), 0.7]) == "60.0 (10.0)"  # a failed seed in a table made by hand
 
 
+@pytest.mark.slow
 def test_compare_reuse_gathers_a_folders_rows_over_several_calls(tmp_path, capsys):
     """A row added later with --reuse joins the table after the folder's earlier rows; an earlier
     row whose runs no longer match the scenario, or lack a seed, is left out, saying why."""
@@ -340,6 +344,7 @@ def test_compare_reference_must_name_a_row(tmp_path):
     assert info.value.field == "--reference" and not (tmp_path / "cmp").exists()
 
 
+@pytest.mark.slow
 def test_compare_refuses_a_folder_holding_runs_without_reuse_or_force(tmp_path, capsys):
     """Review finding 11: Before, a second `p2pfl compare` into the same folder re-ran every row and replaced the
     earlier runs, exit 0: now it is refused as `p2pfl run` refuses, and nothing is touched."""

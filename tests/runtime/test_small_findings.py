@@ -122,6 +122,7 @@ def test_the_dashboard_serves_on_a_free_port(tmp_path: Path) -> None:
     assert asyncio.run(scenario()) == 200
 
 
+@pytest.mark.slow
 def test_files_are_never_writable_by_others_whatever_the_umask(tmp_path: Path) -> None:
     """Review finding 10: Before: under `umask 000` configs and the roster came out world-writable."""
     import os

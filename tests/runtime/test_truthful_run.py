@@ -79,6 +79,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("p2pfl 0.")
 
 
+@pytest.mark.slow
 def test_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from .helpers import write_tiny
 
@@ -118,6 +119,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path, monkeypatch: pytest.Mon
     assert err.startswith("interrupted") and "--resume" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_an_impossible_partition_stops_the_run_before_any_process_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from .helpers import write_tiny

@@ -250,6 +250,7 @@ def test_header_is_a_frozen_dataclass() -> None:
         h.seq = 5  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_torch_tensors_emits_no_non_writable_warning() -> None:
     # torch warns only once per process, so check in a fresh interpreter with warnings as errors.
     code = (
@@ -266,6 +267,7 @@ def test_torch_tensors_emits_no_non_writable_warning() -> None:
 
 
 @pytest.mark.parametrize("warn_always", [False, True])
+@pytest.mark.slow
 def test_decoded_tensors_raise_no_warning_first_or_later(warn_always: bool) -> None:
     """Torch warns once per process that a read-only array makes a tensor it cannot protect: the
     first decode keeps that quiet, and the later ones (without the guard) have nothing to quiet,
