@@ -4,6 +4,7 @@ path an attacker uses (a real HTTP carrier on 127.0.0.1, or the node's own membe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,68 @@ def test_a_hostile_seeds_thousands_of_records_are_read_whole_and_cost_a_bounded_
         assert len(peers) == 1
 
     asyncio.run(both())
+
+
+def test_an_outbound_only_member_cannot_be_impersonated(tmp_path: Path) -> None:
+    """omega reaches out and is reached by nobody: its parts come only as its own pushes. mallory,
+    an admitted member, pushes as omega (its own key), moves omega's record to mallory's address
+    (omega's certificate, mallory's signature) and offers a certificate for "omega" from a key
+    that is not the federation's: each is refused on the node's real HTTP carrier, omega stays
+    outbound only with its own key, nothing of mallory's is taken as omega's, and omega's own push is."""
+    from p2pfl.runtime.federation.certificates import issue
+    from p2pfl.runtime.federation.config import FederationConfig
+    from p2pfl.runtime.federation.gossip import PATH
+    from p2pfl.runtime.federation.gossip import decode as decode_exchange
+    from p2pfl.runtime.federation.gossip import encode as encode_exchange
+    from p2pfl.runtime.federation.records import sign_record
+    from p2pfl.hosting.ports import free_ports
+    from p2pfl.runtime.federation.service import FederationMember
+
+    fed, now = NodeKey.generate(), time.time()
+    node = lone_node(tmp_path, NodeKey.generate())
+    own_key = NodeKey.load(tmp_path / "node-0.key")
+    issue(fed, "node-0", own_key.public_hex, now=now - 60).save(tmp_path / "node-0.cert")
+    base = f"http://127.0.0.1:{node.config.port}"
+    member = FederationMember(FederationConfig(fed.public_hex, tmp_path / "node-0.cert", (), base), own_key,
+                              expected_members=1, degree=None)
+    omega_key, mallory_key = NodeKey.generate(), NodeKey.generate()
+    omega_cert = issue(fed, "omega", omega_key.public_hex, now=now - 60)
+    omega = sign_record(omega_key, omega_cert, None, now=now - 30)
+    [closed] = free_ports(1, "127.0.0.1")
+    mallory = sign_record(mallory_key, issue(fed, "mallory", mallory_key.public_hex, now=now - 60),
+                          f"http://127.0.0.1:{closed}", now=now - 30)
+    moved = dataclasses.replace(omega, url=f"http://127.0.0.1:{closed}", at=now - 10)
+    moved = dataclasses.replace(moved, signature=mallory_key.sign(moved.signed_bytes()).hex())
+    forged = sign_record(mallory_key, issue(NodeKey.generate(), "omega", mallory_key.public_hex, now=now - 60),
+                         f"http://127.0.0.1:{closed}", now=now - 5)
+    out: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        await _started(node)
+        member.directory.offer(omega)
+        member.directory.offer(mallory)
+        await member.start(node)
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"{base}/v1/inbox", data=model_frame(mallory_key, node, sender="omega")) as resp:
+                    out["push as omega"] = resp.status
+                for name, record in (("moved", moved), ("forged", forged)):
+                    body = encode_exchange({"from": mallory.to_dict(), "records": [record.to_dict()]})
+                    async with session.post(f"{base}{PATH}", data=body) as resp:
+                        out[name] = (resp.status, decode_exchange(await resp.read()) if resp.status == 200 else None)
+                out["omega after"] = member.directory.records["omega"]
+                out["taken before"] = {k for k in node.exchange.intake.early if k[0] == "omega"}
+                async with session.post(f"{base}/v1/inbox", data=model_frame(omega_key, node, sender="omega", seq=2)) as resp:
+                    out["omega's push"] = resp.status
+        finally:
+            await member.stop()
+            await node.transport.close()
+
+    asyncio.run(scenario())
+    assert out["push as omega"] == 401  # not signed by the key omega was admitted with
+    assert out["moved"][0] == 200 and out["forged"][0] == 200  # mallory's own record stands; the rest is refused
+    assert out["omega after"] == omega and "omega" not in node.transport.urls
+    # both refused: the move (not signed by omega's key), then the certificate (not the federation's)
+    assert member.directory.refusals == 2 and member.directory.refused["omega"][0] == "wrong_federation"
+    assert out["taken before"] == set()
+    assert out["omega's push"] in (200, 202)
