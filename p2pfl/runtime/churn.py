@@ -14,6 +14,8 @@ neighbour that sits a round out); crashes and departures they find out as a depl
     leave = [{node = 5, round = 6}]               # says goodbye instead of running round 6
     crash = [{node = 1, round = 3, restart = 5}]  # stops dead before round 3; back in round 5
     slow = [{node = 2, factor = 10.0}]            # its training takes 10 times as long
+    flap = [{node = 4, round = 2}]                # leaves (signed goodbye) before round 2, 4, 6, ...
+                                                  # and is back by its signed word in 3, 5, 7, ...
     # or at a time, in seconds from the node's start, where a round is not the point:
     #   join = [{node = 3, second = 20.0}], leave = [{node = 5, second = 60.0}],
     #   crash = [{node = 1, second = 30.0, restart_after_s = 15.0}]
@@ -38,7 +40,8 @@ from p2pfl.errors import ConfigError, check_table
 
 CHURN_STREAM = 0xC4A2  # its own stream of the scenario's seed: a schedule never shifts any other draw
 EVENT_KEYS = {"join": ("node", "round", "second"), "leave": ("node", "round", "second"),
-              "crash": ("node", "round", "restart", "second", "restart_after_s"), "slow": ("node", "factor")}
+              "crash": ("node", "round", "restart", "second", "restart_after_s"), "slow": ("node", "factor"),
+              "flap": ("node", "round")}
 RATE_KEYS = ("join_per_round", "crash_per_round", "restart_after", "slow_share", "slow_factor")
 FLAG_KEYS = ("catch_up",)
 
@@ -53,6 +56,7 @@ class NodeScript:
     restart: int | None = None    # after a crash: back, from its checkpoint, for this round
     slowdown: float = 1.0         # its training takes this many times as long
     catch_up: bool = True         # as a joiner: start from its neighbours' newest model (else its own initial one)
+    flap: int | None = None       # from this round on it is away every other round: goodbye, then back by its word
     # The same events at a time, in seconds from the node's start (a node that joins at a time runs
     # the round its neighbours are in then; a crash at a time comes back `restart_after_s` later).
     join_s: float | None = None
@@ -74,8 +78,14 @@ class NodeScript:
         """Some event of it happens at a time, not a round: its rounds are not the schedule's to say."""
         return any(t is not None for t in (self.join_s, self.leave_s, self.crash_s))
 
+    def away_in(self, r: int) -> bool:
+        """A round a flapping node sits out (it said goodbye for it)."""
+        return self.flap is not None and r >= self.flap and (r - self.flap) % 2 == 0
+
     def live_in(self, r: int) -> bool:
         """Whether the node runs round `r` by its script."""
+        if self.away_in(r):
+            return False
         if self.join_s is not None or r < self.join or (self.leave is not None and r >= self.leave):
             return False
         return self.crash is None or r < self.crash or (self.restart is not None and r >= self.restart)
@@ -87,6 +97,7 @@ class ChurnSpec:
     leave: tuple[tuple[Any, ...], ...] = ()   # (node, round, second)
     crash: tuple[tuple[Any, ...], ...] = ()   # (node, round, restart round, second, restart_after_s)
     slow: tuple[tuple[int, float], ...] = ()              # (node, factor)
+    flap: tuple[tuple[int, int], ...] = ()                # (node, first round away)
     join_per_round: float = 0.0
     crash_per_round: float = 0.0
     restart_after: int = 0
@@ -137,6 +148,8 @@ class ChurnSpec:
                                 else {"crash_s": second, "restart_after_s": after_s})
         for node, factor in self.slow:
             fields[node]["slowdown"] = factor
+        for node, r in self.flap:
+            fields[node]["flap"] = r
         self._drawn(fields, rounds, np.random.default_rng([seed, CHURN_STREAM]))
         scripts = tuple(NodeScript(**f, catch_up=self.catch_up) if NodeScript(**f).late else NodeScript(**f)
                         for f in fields)
@@ -159,7 +172,7 @@ class ChurnSpec:
         if self.crash_per_round:
             for r in range(2, rounds + 1):
                 live = [i for i in range(nodes) if NodeScript(**fields[i]).live_in(r) and fields[i].get("join", 1) < r
-                        and "crash" not in fields[i] and fields[i].get("leave") is None]
+                        and "crash" not in fields[i] and fields[i].get("leave") is None and "flap" not in fields[i]]
                 for i in rng.choice(live, size=min(len(live), round(self.crash_per_round * len(live))), replace=False):
                     restart = r + self.restart_after if self.restart_after and r + self.restart_after <= rounds else None
                     fields[int(i)].update(crash=r, restart=restart)
@@ -228,6 +241,9 @@ def _check_script(index: int, s: NodeScript, rounds: int) -> None:
         raise ConfigError("churn.leave", f"{where} both leaves and crashes; give it one of them")
     if (s.leave_s is not None or s.leave is not None) and (s.crash_s is not None or s.crash is not None):
         raise ConfigError("churn.leave", f"{where} both leaves and crashes; give it one of them")
+    if s.flap is not None and (s.flap <= s.join or s.timed or s.leave is not None or s.crash is not None):
+        raise ConfigError("churn.flap", f"{where} flaps from round {s.flap}: after it joins (round {s.join}), "
+                                        "by rounds, and neither leaving nor crashing")
     if not s.timed and not any(s.live_in(r) for r in range(1, rounds + 1)):
         raise ConfigError("churn", f"{where} runs no round at all")
 

@@ -54,6 +54,30 @@ def test_the_timeline_follows_the_schedule_and_the_same_seed_gives_the_same_one(
     assert (f"neighbours replaced {replaced} times" in summary) == (replaced > 0)
 
 
+@pytest.mark.slow
+def test_a_member_away_every_other_round_costs_the_others_no_round(tmp_path: Path) -> None:
+    """Issue 63: node-2 says goodbye before rounds 2 and 4 and is back by its signed word in 3 and
+    5. Its ring neighbours do not wait for it in its away rounds (no part waited for and not got),
+    every other node runs every round, and in its rounds it is heard again."""
+    path = write_tiny(tmp_path, nodes=5, rounds=5, samples=40, timeout=60.0)
+    flap = [*CHURN[:4], "churn.flap=[{node = 2, round = 2}]"]
+    results, code = run_scenario(path, tmp_path / "run", flap, progress=False, quiet=True)
+    assert code == 0, [(n["id"], n["status"], n.get("error")) for n in results["nodes"]]
+    ids = node_ids(5)
+    by_id = {n["id"]: n for n in results["nodes"]}
+    assert [r["round"] for r in by_id[ids[2]]["rounds"]] == [1, 3, 5]
+    assert [(e["round"], e["event"]) for e in by_id[ids[2]]["membership"]] == [
+        (2, "stepped_out"), (3, "stepped_back"), (4, "stepped_out"), (5, "stepped_back")]
+    others = [by_id[i] for i in ids if i != ids[2]]
+    assert all(n["status"] == "ok" and [r["round"] for r in n["rounds"]] == [1, 2, 3, 4, 5] for n in others)
+    assert sum(r["unanswered"] for n in others for r in n["rounds"]) == 0
+    took = {(n["id"], r["round"]) for n in others for r in n["rounds"] if ids[2] in (r.get("arrived") or [])}
+    assert not {r for _, r in took} & {2, 4}  # nothing of it in its away rounds, and nobody waited
+    assert {r for _, r in took} & {3, 5}  # heard again in its rounds
+    departed = {n["id"] for n in others for r in n["rounds"] if ids[2] in (r.get("neighbours") or {}).get("departed", [])}
+    assert {ids[1], ids[3]} <= departed  # its ring neighbours took its goodbye
+
+
 def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from_its_global_model(tmp_path: Path) -> None:
     """GA under churn: a node that joins in round 3 starts from the coordinator's global model of
     round 2 (the coordinator does not wait for it before); a node that crashes before round 2 is

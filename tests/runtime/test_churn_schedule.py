@@ -23,6 +23,15 @@ def test_listed_events_become_each_nodes_script() -> None:
     assert ChurnSpec.from_dict(s.to_dict(), nodes=20, rounds=8) == s
 
 
+def test_a_flapping_member_is_away_every_other_round_from_its_first() -> None:
+    s = spec(flap=[{"node": 4, "round": 2}])
+    scripts = scripts_of(s, 6, 9, 0)
+    assert scripts[4] == NodeScript(flap=2) and scripts[4].active
+    assert [r for r in range(1, 10) if scripts[4].live_in(r)] == [1, 3, 5, 7, 9]
+    assert [r for r in range(1, 10) if scripts[4].away_in(r)] == [2, 4, 6, 8]
+    assert not scripts[3].away_in(2) and ChurnSpec.from_dict(s.to_dict(), nodes=6, rounds=9) == s
+
+
 @pytest.mark.parametrize(("table", "field"), [
     ({"join": [{"node": 20, "round": 3}]}, "churn.join[0].node"),
     ({"join": [{"node": 1, "round": 9}]}, "churn.join[0].round"),
@@ -41,6 +50,10 @@ def test_listed_events_become_each_nodes_script() -> None:
     ({"crash": [{"node": 1, "second": 5.0, "restart": 4}]}, "churn.crash[0].restart"),
     ({"crash": [{"node": 1, "round": 2, "restart_after_s": 4.0}]}, "churn.crash[0].restart_after_s"),
     ({"leave": [{"node": 1, "second": 5.0}], "crash": [{"node": 1, "second": 2.0}]}, "churn.leave"),
+    ({"flap": [{"node": 1, "round": 1}]}, "churn.flap"),
+    ({"flap": [{"node": 1, "round": 3}], "leave": [{"node": 1, "round": 6}]}, "churn.flap"),
+    ({"flap": [{"node": 1, "second": 3.0}]}, "churn.flap[0].second"),
+    ({"flap": [{"node": 1, "round": 2, "restart": 4}]}, "churn.flap[0].restart"),
 ])
 def test_a_wrong_schedule_is_named(table: dict, field: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -182,6 +182,10 @@ class Node:
             if r == script.leave or (script.leave_s is not None and since_start >= script.leave_s):
                 self.membership.events.append({"round": r, "event": "left", "at": time.time()})
                 return "left"
+            if script.away_in(r):  # a flapping member: away this round by its goodbye, back by its word
+                self._skip_draws(r, r + 1)
+                r = await self.membership.away_for(r, sc.rounds)
+                continue
             if r == script.crash or (script.crash_s is not None and since_start >= script.crash_s
                                      and not any(e["event"] == "crashed" for e in self.membership.events)):
                 came_back = await self.membership.crash(r, script.restart, script.restart_after_s)

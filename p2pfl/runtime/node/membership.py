@@ -54,6 +54,19 @@ class Membership:
             return
         await self.transport.linger(set(self.neighbours.asked), self.settings.linger_s, not_up_yet)
 
+    async def away_for(self, round_: int, last: int) -> int:
+        """Away for round `round_` only (churn's flap): a goodbye signed for it to its neighbours and
+        readers, then its own signed word that it is back from the next round, to them and as news
+        (a neighbour that hears it still in `round_` does not wait for it there: `Neighbours.to_ask`).
+        It keeps serving its last parts. Returns the next round."""
+        told = self.neighbours.goodbye_targets(self.transport.readers())
+        await self.transport.say_goodbye(told, f"away for round {round_} (churn schedule)", before_round=round_)
+        self.events.append({"round": round_, "event": "stepped_out", "at": time.time()})
+        if round_ < last:
+            self.neighbours.announce(await self.transport.say_back(told, round_ + 1), round_ + 1)
+            self.events.append({"round": round_ + 1, "event": "stepped_back", "at": time.time()})
+        return round_ + 1
+
     async def federation_at(self, at_least: int, part: str, sources: list[str] | None = None) -> Message | None:
         """A neighbour's `part` at version `at_least` or later (or the coordinator's, as `sources`
         says): the first answer (a read waits on the server until it publishes that version, so a

@@ -248,6 +248,9 @@ class Neighbours:
         published yet, or stale versions not taken)."""
         kept, versions, sat_out = [], {}, set()
         for fetch in fetches:
+            if self.away(fetch.peer, r):
+                sat_out.add(fetch.peer)
+                continue
             version = version_to_ask(self.peer_rounds.get(fetch.peer), r, accept_stale)
             if version is None:
                 sat_out.add(fetch.peer)
@@ -257,10 +260,15 @@ class Neighbours:
             kept.append(fetch)
         return kept, versions, sorted(sat_out)
 
+    def away(self, peer: str, r: int) -> bool:
+        """`peer`'s newest word says it is back from a round after `r`: away in `r`, not waited for."""
+        said = self.statements.get(peer)
+        return said is not None and said[0].event > r
+
     def warn_silent(self, r: int, silent: set[str]) -> set[str]:
         """A warning per peer that was asked for and did not answer, at most once in WARN_EVERY
         rounds; returns those peers, less the ones that said goodbye."""
-        unanswered = silent - self.departed
+        unanswered = {p for p in silent - self.departed if not self.away(p, r)}
         for peer in sorted(unanswered):
             if r - self._warned.get(peer, -WARN_EVERY) >= WARN_EVERY:
                 self._warned[peer] = r
