@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from p2pfl.scenario.launcher import run_scenario
+from paired_arms import paired_runs
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "churn.toml"
 FLAPPER, FROM = 5, 2
@@ -47,18 +47,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", default="0,1,2,3,4")
     args = parser.parse_args()
-    table: list[dict[str, Any]] = []
-    for seed in [int(s) for s in args.seeds.split(",")]:
-        row: dict[str, Any] = {"seed": seed}
-        for arm, extra in (("steady", []), ("flapper", FLAP)):
-            folder = args.out / f"{arm}-seed{seed}"
-            if (folder / "results.json").is_file():  # made already: read, not run again
-                results = json.loads((folder / "results.json").read_text())
-            else:
-                results, _ = run_scenario(SCENARIO, folder, [f"seed={seed}", *extra], progress=False, quiet=True)
-            row[arm] = counts(results)
-            print(seed, arm, row[arm], flush=True)
-        table.append(row)
+    table = paired_runs(SCENARIO, args.out, [int(s) for s in args.seeds.split(",")],
+                        {"steady": [], "flapper": FLAP}, lambda results, _: counts(results))
     (args.out / "membership_flapper.json").write_text(json.dumps(table, indent=1, default=str))
     print("\n| seed | rounds finished by the 19 others (steady / flapper run) | slowest round, s | mean round, s "
           "| parts waited for and not got | the flapper's part taken, by round |")

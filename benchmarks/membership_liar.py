@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from p2pfl.scenario.launcher import run_scenario
+from paired_arms import paired_runs
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "churn.toml"
 LIAR = 0  # node indices (ids are zero-padded: node-00)
@@ -70,19 +70,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", default="0,1,2,3,4")
     args = parser.parse_args()
-    table: list[dict[str, Any]] = []
-    for seed in [int(s) for s in args.seeds.split(",")]:
-        row: dict[str, Any] = {"seed": seed}
-        for arm, extra in (("honest", []), ("liar", LIE)):
-            folder = args.out / f"{arm}-seed{seed}"
-            if (folder / "results.json").is_file():  # made already: read, not run again
-                results, code = json.loads((folder / "results.json").read_text()), 0
-            else:
-                results, code = run_scenario(SCENARIO, folder, [f"seed={seed}", *CHURN, *extra], progress=False,
-                                             quiet=True)
-            row[arm] = {**counts(results), "exit": code}
-            print(seed, arm, row[arm], flush=True)
-        table.append(row)
+    table = paired_runs(SCENARIO, args.out, [int(s) for s in args.seeds.split(",")],
+                        {"honest": CHURN, "liar": [*CHURN, *LIE]},
+                        lambda results, code: {**counts(results), "exit": code})
     (args.out / "membership_liar.json").write_text(json.dumps(table, indent=1, default=str))
     print("\n| seed | neighbours lost (honest / liar run) | liar drawn as stand-in | honest member drawn (mean) |")
     print("|---|---|---|---|")
