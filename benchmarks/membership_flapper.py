@@ -13,13 +13,11 @@ many of its neighbours took its part.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from paired_arms import paired_runs
+from paired_arms import out_and_seeds, paired_runs
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "churn.toml"
 FLAPPER, FROM = 5, 2
@@ -43,13 +41,9 @@ def counts(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seeds", default="0,1,2,3,4")
-    args = parser.parse_args()
-    table = paired_runs(SCENARIO, args.out, [int(s) for s in args.seeds.split(",")],
-                        {"steady": [], "flapper": FLAP}, lambda results, _: counts(results))
-    (args.out / "membership_flapper.json").write_text(json.dumps(table, indent=1, default=str))
+    out, seeds = out_and_seeds(__doc__)
+    table = paired_runs(SCENARIO, out, seeds, {"steady": [], "flapper": FLAP}, lambda results, _: counts(results),
+                        "membership_flapper")
     print("\n| seed | rounds finished by the 19 others (steady / flapper run) | slowest round, s | mean round, s "
           "| parts waited for and not got | the flapper's part taken, by round |")
     print("|---|---|---|---|---|---|")

@@ -13,14 +13,12 @@ and the same schedule with node 0 publishing `membership-lie` news every round (
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from paired_arms import paired_runs
+from paired_arms import out_and_seeds, paired_runs
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "churn.toml"
 LIAR = 0  # node indices (ids are zero-padded: node-00)
@@ -66,14 +64,9 @@ def counts(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seeds", default="0,1,2,3,4")
-    args = parser.parse_args()
-    table = paired_runs(SCENARIO, args.out, [int(s) for s in args.seeds.split(",")],
-                        {"honest": CHURN, "liar": [*CHURN, *LIE]},
-                        lambda results, code: {**counts(results), "exit": code})
-    (args.out / "membership_liar.json").write_text(json.dumps(table, indent=1, default=str))
+    out, seeds = out_and_seeds(__doc__)
+    table = paired_runs(SCENARIO, out, seeds, {"honest": CHURN, "liar": [*CHURN, *LIE]},
+                        lambda results, code: {**counts(results), "exit": code}, "membership_liar")
     print("\n| seed | neighbours lost (honest / liar run) | liar drawn as stand-in | honest member drawn (mean) |")
     print("|---|---|---|---|")
     for row in table:

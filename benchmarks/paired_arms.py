@@ -4,6 +4,7 @@ again when its results are there."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -12,9 +13,19 @@ from typing import Any
 from p2pfl.scenario.launcher import run_scenario
 
 
+def out_and_seeds(doc: str | None) -> tuple[Path, list[int]]:
+    """`--out OUT --seeds 0,1,2,3,4`, the membership benchmarks' command line."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    args = parser.parse_args()
+    return args.out, [int(s) for s in args.seeds.split(",")]
+
+
 def paired_runs(scenario: Path, out: Path, seeds: Sequence[int], arms: Mapping[str, Sequence[str]],
-                summarize: Callable[[dict[str, Any], int], dict[str, Any]]) -> list[dict[str, Any]]:
-    """A row per seed: {"seed": s, arm: summarize(results, exit code), ...}, printed as it comes."""
+                summarize: Callable[[dict[str, Any], int], dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """A row per seed: {"seed": s, arm: summarize(results, exit code), ...}, printed as it comes and
+    kept in OUT/<name>.json."""
     table: list[dict[str, Any]] = []
     for seed in seeds:
         row: dict[str, Any] = {"seed": seed}
@@ -27,4 +38,5 @@ def paired_runs(scenario: Path, out: Path, seeds: Sequence[int], arms: Mapping[s
             row[arm] = summarize(results, code)
             print(seed, arm, row[arm], flush=True)
         table.append(row)
+    (out / f"{name}.json").write_text(json.dumps(table, indent=1, default=str))
     return table
