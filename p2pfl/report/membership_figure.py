@@ -1,5 +1,6 @@
 """The membership timeline of a run with churn: a node-by-round grid of who was live, sat out or
-absent, with each join, departure, crash, restart and revocation marked where it happened."""
+absent, with each join, departure, crash, restart, revocation and flapping member's step out and
+back marked where it happened."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from p2pfl.report.style import round_axis, save_figure
 
 ABSENT, SAT_OUT, LIVE = 0, 1, 2
 MARKERS = {"joined": ("o", "tab:green"), "left": ("s", "tab:purple"), "crashed": ("X", "tab:red"),
-           "restarted": ("^", "tab:blue"), "revoked": ("D", "black")}
+           "restarted": ("^", "tab:blue"), "revoked": ("D", "black"),
+           "stepped_out": ("v", "tab:orange"), "stepped_back": ("P", "tab:olive")}
 MAX_ROWS = 60  # more nodes than this: the rows are the nodes with events first, then the others in order
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-EVENTS = ("joined", "left", "crashed", "restarted", "revoked")
+EVENTS = ("joined", "left", "crashed", "restarted", "revoked", "stepped_out", "stepped_back")  # the last two: churn.flap
 
 
 def membership_timeline(nodes: Sequence[Mapping[str, Any]], rounds: int) -> list[dict[str, Any]]:
     """One entry per round: `live` (ran the round: trained or sat it out), `sat_out`, and each
-    event's nodes (`joined`, `left`, `crashed`, `restarted`), ids sorted."""
+    event's nodes (`joined`, `left`, `crashed`, `restarted`, `revoked`, and a flapping member's
+    `stepped_out` and `stepped_back`), ids sorted."""
     timeline = [{"round": r, "live": [], "sat_out": [], **{e: [] for e in EVENTS}} for r in range(1, rounds + 1)]
     for node in sorted(nodes, key=lambda n: str(n.get("id"))):
         for record in node.get("rounds") or []:

@@ -68,6 +68,9 @@ def test_a_member_away_every_other_round_costs_the_others_no_round(tmp_path: Pat
     assert [r["round"] for r in by_id[ids[2]]["rounds"]] == [1, 3, 5]
     assert [(e["round"], e["event"]) for e in by_id[ids[2]]["membership"]] == [
         (2, "stepped_out"), (3, "stepped_back"), (4, "stepped_out"), (5, "stepped_back")]
+    timeline = {e["round"]: e for e in results["membership"]}  # the run's timeline marks both
+    assert [r for r in timeline if ids[2] in timeline[r]["stepped_out"]] == [2, 4]
+    assert [r for r in timeline if ids[2] in timeline[r]["stepped_back"]] == [3, 5]
     others = [by_id[i] for i in ids if i != ids[2]]
     assert all(n["status"] == "ok" and [r["round"] for r in n["rounds"]] == [1, 2, 3, 4, 5] for n in others)
     assert sum(r["unanswered"] for n in others for r in n["rounds"]) == 0
