@@ -29,6 +29,7 @@ import msgpack
 from p2pfl.runtime.federation.certificates import MALFORMED, REVOKED, Refused
 from p2pfl.runtime.federation.directory import Directory
 from p2pfl.runtime.deadline import wait_at_most
+from p2pfl.runtime.transport.limits import read_bounded
 from p2pfl.wire.body import unpack_strict
 
 SERVICE = "federation"
@@ -64,19 +65,6 @@ def decode(body: bytes) -> dict[str, Any]:
     if payload.get("revocations") is not None and not isinstance(payload["revocations"], dict):
         raise Refused(MALFORMED, "revocations: expected a map")
     return payload
-
-
-async def read_answer(content: aiohttp.StreamReader) -> bytes:
-    """An answer's whole body, or its first MAX_EXCHANGE_BYTES + 1 bytes (`decode` names it too
-    large). `content.read(n)` gives what has arrived, not n bytes: an answer of a few hundred
-    records came cut and was refused as not msgpack."""
-    chunks, size = [], 0
-    async for chunk in content.iter_chunked(1 << 16):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_EXCHANGE_BYTES:
-            break
-    return b"".join(chunks)
 
 
 class Gossip:
@@ -125,7 +113,7 @@ class Gossip:
             # signed by members and the federation, so a man in the middle can withhold, not forge.
             async with session.post(url.rstrip("/") + PATH, data=body, ssl=False,
                                     headers={"Content-Type": "application/msgpack"}) as response:
-                return response.status, await read_answer(response.content)
+                return response.status, await read_bounded(response, MAX_EXCHANGE_BYTES)
 
         try:
             status, answer = await wait_at_most(post(), self.timeout_s)
@@ -133,6 +121,8 @@ class Gossip:
             raise ExchangeFailed(f"no answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientError as exc:
             raise ExchangeFailed(_reason(exc)) from None
+        except ValueError as exc:  # the answer is larger than an exchange may be
+            raise ExchangeFailed(f"answered with what this node refuses: {exc}", final=True) from None
         if status != 200:
             self._told_revoked(status, answer)
             raise ExchangeFailed(f"refused this node: {status} {answer[:200].decode(errors='replace')}", final=True)

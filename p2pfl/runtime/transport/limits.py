@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import aiohttp
+
 
 @dataclass(frozen=True)
 class ServerLimits:
@@ -23,3 +25,21 @@ class ServerLimits:
     # are handled at once: unsigned as a whole (each record in it is signed), so bounded here.
     max_service_bytes: int = 4 * 2**20
     services_at_once: int = 4
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """A response's whole body; ValueError naming the limit past `limit` bytes. (`content.read(n)`
+    gives what has arrived so far, not n bytes.)"""
+    if response.content_length is not None:
+        if response.content_length > limit:
+            raise ValueError(f"response of {response.content_length} bytes exceeds the limit of {limit}")
+        # A declared length is read as one buffer (aiohttp stops at it): chunk by chunk cost a
+        # node as much as verifying the frame.
+        return await response.content.readexactly(response.content_length)
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"response exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -16,6 +16,7 @@ from yarl import URL
 from p2pfl.runtime.accounting import CONTROL
 from p2pfl.runtime.transport.base import GOODBYE, MAX_WAIT_S
 from p2pfl.runtime.transport.http.server import CONTENT_TYPE
+from p2pfl.runtime.transport.limits import read_bounded
 from p2pfl.wire import Message, encode_body, seal
 from p2pfl.wire.request import AUTH_HEADER, request_for
 
@@ -36,22 +37,6 @@ class HttpClient:
     def _ssl(self: Endpoint, peer: str) -> aiohttp.Fingerprint | bool:
         """The pin of `peer`'s certificate; without one, a TLS URL needs a CA-verified certificate."""
         return self._pins.get(peer, True)
-
-    async def _read_bounded(self: Endpoint, response: aiohttp.ClientResponse) -> bytes:
-        limit = self.limits.max_message_bytes
-        if response.content_length is not None:
-            if response.content_length > limit:
-                raise ValueError(f"response of {response.content_length} bytes exceeds the limit of {limit}")
-            # A declared length is read as one buffer (aiohttp stops at it): chunk by chunk cost a
-            # node as much as verifying the frame.
-            return await response.content.readexactly(response.content_length)
-        chunks, size = [], 0
-        async for chunk in response.content.iter_chunked(1 << 16):
-            size += len(chunk)
-            if size > limit:
-                raise ValueError(f"response exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     async def _fetch(self: Endpoint, peer: str, part: str, min_version: int, timeout: float) -> Message | None:
         assert self._session is not None, "start() the endpoint first"
@@ -83,7 +68,7 @@ class HttpClient:
                     if resp.status != 200:
                         self.log.warning("fetch %s/%s: HTTP %d %s", peer, part, resp.status, (await resp.text())[:200])
                         return None
-                    data = await self._read_bounded(resp)
+                    data = await read_bounded(resp, self.limits.max_message_bytes)
             except aiohttp.ServerFingerprintMismatch as exc:
                 self._pin_mismatch(peer, exc)
                 return None
