@@ -2,10 +2,10 @@
 
 asyncio.run takes Ctrl-C as one cancellation of its main task, delivered between two loop turns.
 SIGTERM used to raise an exception straight from a Python signal handler, wherever the main
-thread was: inside the selector, a task's step or a callback of the loop itself. A task caught
-half-stepped there could leave the loop's shutdown waiting on it for good (a coordinator stopped
-by SIGTERM hung past 60 s in CI once in several runs). `run_stoppable` takes SIGTERM through the
-loop's own signal handling instead, and raises `Terminated` only once the loop has closed.
+thread was: inside the selector, a task's step or a callback of the loop itself, which asyncio
+avoids for Ctrl-C because a task caught half-stepped can hold the loop's shutdown. `run_stoppable`
+takes SIGTERM through the loop's own signal handling instead, and raises `Terminated` only once
+the loop has closed.
 """
 
 from __future__ import annotations
