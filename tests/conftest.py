@@ -48,6 +48,17 @@ def _a_test_that_starts_a_process_is_marked_slow(request: pytest.FixtureRequest,
         started.append(f"multiprocessing {self.name}")
         process_start(self)
 
+    import p2pfl.hosting.process as hosting_process
+
+    take_warm = hosting_process.take
+
+    def take() -> Any:  # a forking parent another test left warm: its nodes are processes all the same
+        warm = take_warm()
+        if warm is not None:
+            started.append("p2pfl forked (the warm forking parent)")
+        return warm
+
+    monkeypatch.setattr(hosting_process, "take", take)
     monkeypatch.setattr(subprocess.Popen, "_execute_child", popen)
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
     yield

@@ -318,6 +318,7 @@ def test_a_thousand_nodes_pulled_back_are_named_ten_at_a_time() -> None:
     assert "more peers" not in bounded_warning({"node-1": 2}, 3, {})
 
 
+@pytest.mark.slow
 def test_a_sign_flip_just_under_the_refusal_is_dropped_after_three_rounds(tmp_path: Path) -> None:
     """Review finding 7 of issue 48: A real run: node 0 publishes its update sign-flipped x90 (over the bound, under the 100x
     refusal). Each honest node pulls it back three rounds, then asks it no more."""
