@@ -36,7 +36,7 @@ else:  # pragma: no cover
 KEY_FILE, PUBLIC_FILE, REVOCATIONS_FILE = "federation.key", "federation.pub", "revocations.toml"
 
 
-def add_parser(sub: Any) -> None:
+def add(sub: Any) -> None:
     fed = sub.add_parser("federation", help="a LAN federation that grows from one address: certificates, revocations")
     fed_sub = fed.add_subparsers(dest="federation_command", required=True)
     init = fed_sub.add_parser("init", help="make the federation key (on the operator's host only)")
@@ -56,9 +56,10 @@ def add_parser(sub: Any) -> None:
     status = fed_sub.add_parser("status", help="the members a node sees, with their rounds")
     status.add_argument("seed", help="a member's address, e.g. http://192.0.2.10:9000")
     status.add_argument("--timeout", type=float, default=3.0)
+    fed.set_defaults(handler=handle)
 
 
-def main(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     """The command `args` names. Its modules are imported here, not with the parser: `p2pfl --help`
     and the launcher do not load aiohttp."""
     command = args.federation_command
