@@ -29,7 +29,8 @@ from typing import Any
 
 from p2pfl.report import merge_node_results
 from p2pfl.runtime.config import node_ids
-from p2pfl.scenario.compare import parse_algorithms, row_raw, row_slug
+from p2pfl.runtime.run_folder import row_slug
+from p2pfl.scenario.compare import parse_algorithms, row_raw
 from p2pfl.scenario.launcher import uses_coordinator, write_lan_configs
 from p2pfl.scenario.schema import apply_overrides, read_raw, scenario_from_dict
 from p2pfl.testbed import NetnsHosts, available

@@ -99,7 +99,7 @@ def test_an_unknown_reading_is_named_and_a_pooled_one_needs_test_data() -> None:
 
 def test_reuse_refuses_a_run_made_with_another_reading_and_takes_one_made_before_the_field(tmp_path: Path) -> None:
     from p2pfl.runtime.run_folder import RunFolder
-    from p2pfl.scenario.compare import _stored_run
+    from p2pfl.scenario.compare.runs import _stored_run
     from p2pfl.scenario.schema import scenario_from_dict
 
     raw = {"name": "split", "nodes": 3, "rounds": 1, "data": {"dataset": "mnist", "test_split": "global"},
@@ -113,7 +113,8 @@ def test_reuse_refuses_a_run_made_with_another_reading_and_takes_one_made_before
     with pytest.raises(ConfigError, match="data.test_split"):
         _stored_run(tmp_path, other, "fedavg")
     before = {k: v for k, v in made["data"].items() if k != "test_split"}  # a run folder from before the field
-    RunFolder(tmp_path).results.write_text(json.dumps({"scenario": {**made, "data": before}, "summary": {}}))
+    format_1 = {k: v for k, v in made.items() if k != "format"}  # which named no format
+    RunFolder(tmp_path).results.write_text(json.dumps({"scenario": {**format_1, "data": before}, "summary": {}}))
     assert _stored_run(tmp_path, scenario_from_dict({**raw, "data": {"dataset": "mnist"}}), "fedavg") is not None
     with pytest.raises(ConfigError, match="data.test_split"):
         _stored_run(tmp_path, scenario_from_dict(raw), "fedavg")

@@ -126,7 +126,7 @@ def _summary(seed: int, accs: list[float], aggregated: list[float] | None = None
 
 
 def test_worst_vs_local_is_the_per_seed_minimum_of_node_gaps_against_the_same_seeds_local_run() -> None:
-    from p2pfl.scenario.compare import format_table, worst_vs_baseline
+    from p2pfl.scenario.compare.table import format_table, worst_vs_baseline
 
     local = [_summary(0, [0.8, 0.6]), _summary(1, [0.7, 0.7])]
     fedavg = [_summary(1, [0.75, 0.72], [0.5, 0.9]), _summary(0, [0.9, 0.5], [0.85, 0.62]),
@@ -160,7 +160,7 @@ def test_worst_vs_local_measures_against_the_one_local_row_when_none_is_labelled
 
 
 def test_setup_bytes_are_counted_where_they_arrive_and_get_a_column_only_when_present() -> None:
-    from p2pfl.scenario.compare import format_table, setup_bytes
+    from p2pfl.scenario.compare.table import format_table, setup_bytes
 
     results = {"nodes": [{"setup": {"bytes_received": 3 * 2**20, "bytes_sent": 5}}, {"setup": None}, {}],
                "coordinator": {"setup": {"bytes_received": 2**20, "bytes_sent": 0}}}
@@ -178,7 +178,7 @@ def test_setup_bytes_are_counted_where_they_arrive_and_get_a_column_only_when_pr
 
 
 def test_unanswered_downloads_are_counted_per_peer_over_the_runs_second_half_and_flag_the_run() -> None:
-    from p2pfl.scenario.compare import format_table, starved_runs
+    from p2pfl.scenario.compare.table import format_table, starved_runs
     from p2pfl.scenario.results import download_health, download_warning
 
     def rounds(*asked_unanswered: tuple[int, int]) -> list[dict]:
@@ -297,7 +297,7 @@ def test_the_poisoning_grid_pairs_each_attacked_run_with_its_clean_seed(tmp_path
 
 
 def test_the_per_node_note_says_what_one_test_sample_is_worth() -> None:
-    from p2pfl.scenario.compare import per_node_test_note
+    from p2pfl.scenario.compare.table import per_node_test_note
 
     assert "one test sample is 1 point of" in per_node_test_note({"a": [{"test_sizes": [100, 100]}]})
     assert "hold 23–181 samples: one test sample is 0.55–4.3 points of" in per_node_test_note(

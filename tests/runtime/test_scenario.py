@@ -88,7 +88,8 @@ def test_an_existing_run_folder_is_never_reused_silently(tmp_path, capsys):
 def test_compare_reuse_takes_a_run_of_the_same_scenario_and_refuses_another(tmp_path):
     import json
 
-    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+    from p2pfl.runtime.run_folder import compare_run
+    from p2pfl.scenario.compare import parse_algorithms, row_raw, run_compare
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
     rows = parse_algorithms("fedavg[train.lr=0.01]")
@@ -126,7 +127,9 @@ def test_compare_reuse_runs_a_failed_run_again(tmp_path, capsys):
     --reuse runs it again instead of averaging its NaN into the table."""
     import json
 
-    from p2pfl.scenario.compare import _cell, compare_run, parse_algorithms, row_raw, run_compare
+    from p2pfl.runtime.run_folder import compare_run
+    from p2pfl.scenario.compare import parse_algorithms, row_raw, run_compare
+    from p2pfl.scenario.compare.table import _cell
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
     rows = parse_algorithms("fedavg")
@@ -151,7 +154,8 @@ def test_compare_reuse_gathers_a_folders_rows_over_several_calls(tmp_path, capsy
     row whose runs no longer match the scenario, or lack a seed, is left out, saying why."""
     import json
 
-    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+    from p2pfl.runtime.run_folder import compare_run
+    from p2pfl.scenario.compare import parse_algorithms, row_raw, run_compare
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
     out = tmp_path / "cmp"
@@ -203,7 +207,8 @@ def test_compare_reuse_keeps_rows_made_with_other_overrides(tmp_path, capsys):
     against the overrides it was made with, not this call's, so the one table holds them all."""
     import json
 
-    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+    from p2pfl.runtime.run_folder import compare_run
+    from p2pfl.scenario.compare import parse_algorithms, row_raw, run_compare
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
     out = tmp_path / "cmp"
@@ -249,7 +254,8 @@ def test_compare_reuse_refuses_a_run_made_on_other_synth_data(tmp_path, monkeypa
     import json
 
     from p2pfl.data.digits import FONT_DIRS_ENV, cache_name
-    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+    from p2pfl.runtime.run_folder import compare_run
+    from p2pfl.scenario.compare import parse_algorithms, row_raw, run_compare
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
     text = path.read_text().replace('dataset = "mnist"\npartition = "iid"',
@@ -298,7 +304,8 @@ def test_a_sweep_row_stands_for_the_value_validation_chooses_never_the_test_spli
     import json
 
     from p2pfl.runtime.run_folder import compare_row_runs
-    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+    from p2pfl.runtime.run_folder import compare_run
+    from p2pfl.scenario.compare import parse_algorithms, row_raw, run_compare
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
     (row,) = parse_algorithms("fedavg[train.lr=0.01|0.1]")
@@ -393,7 +400,8 @@ def test_compare_reuse_refuses_a_run_made_with_another_max_weight_ratio(tmp_path
     with another value, or one that predates its being recorded (it cannot say), is not taken."""
     import json
 
-    from p2pfl.scenario.compare import compare_run, parse_algorithms, row_raw, run_compare
+    from p2pfl.runtime.run_folder import compare_run
+    from p2pfl.scenario.compare import parse_algorithms, row_raw, run_compare
 
     path = write_tiny(tmp_path, nodes=2, rounds=1, samples=40)
     path.write_text(path.read_text() + "\n[runtime]\nmax_weight_ratio = 0\n" if "[runtime]" not in path.read_text()

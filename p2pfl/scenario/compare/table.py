@@ -1,120 +1,28 @@
-"""`p2pfl compare`: every algorithm row over every seed, as a paper-style table.
+"""A comparison's statistics and its paper-style table: a run's summary, mean (std) cells, the
+paired differences against a reference row (Holm within the table), sweeps chosen on validation.
 
-Cells are mean (std) over seeds of the unweighted mean over nodes (the papers do not
-weight by sample count; `weighted_acc` in results.json does). Both evaluation points are
-shown: after local training (`test_acc`, the deployed model) and right after aggregation
-(`test_acc_aggregated`; FedAvg's global model).
-
-A row may sweep one hyperparameter, `fedc2i[gamma=0.5|1|2|5|10]`: every value runs as its own
-row (`fedc2i[gamma=0.5]`, ...), and for each seed the value with the best mean validation
-accuracy over nodes (final round, after training) stands for the row, as the papers choose
-theirs; the test split never chooses. With `reference`, each row gets its paired difference
-over seeds against that row (`p2pfl.core.paired`).
+Cells are mean (std) over seeds of the unweighted mean over nodes (the papers do not weight by
+sample count; `weighted_acc` in results.json does). Both evaluation points are shown: after local
+training (`test_acc`, the deployed model) and right after aggregation (`test_acc_aggregated`;
+FedAvg's global model).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import statistics
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from p2pfl.core.paired import LEVEL, MIN_SEEDS, PairedDifference, holm_corrected, paired_difference
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.run_folder import RunFolder, compare_run, row_slug
-from p2pfl.scenario.results import (UNANSWERED_WARN_SHARE, active_defences, degraded_warning, download_health, download_warning,
-                                    refusal_warning, refused_peers)
-from p2pfl.scenario.schema import (Scenario, apply_overrides, apply_values, parse_override, read_raw, scenario_differences,
-                                   scenario_from_dict)
 from p2pfl.runtime.node.records import TEST_ACC_AGGREGATED, after_training, final_accuracies, last_trained
-
+from p2pfl.scenario.compare.rows import Row, baseline_label, label_algorithm
+from p2pfl.scenario.results import UNANSWERED_WARN_SHARE, active_defences, download_health
 
 MAX_NODE_COLUMNS = 12
+
+
 SETUP_COLUMN_MIN_BYTES = 0.05 * 2**20  # shows as 0.1 MiB
-
-
-@dataclass(frozen=True)
-class Row:
-    """One table row: an algorithm, its parameters, and scenario overrides (keys with a dot)."""
-
-    label: str
-    algorithm: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-    # A sweep row (`gamma=0.5|1|2`): the swept key and one row per value, chosen among on validation.
-    sweep_key: str | None = None
-    candidates: tuple[Row, ...] = ()
-
-    @property
-    def slug(self) -> str:
-        return row_slug(self.label)
-
-    def runs(self) -> tuple[Row, ...]:
-        """The rows whose runs this row needs: its candidates, or itself."""
-        return self.candidates or (self,)
-
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    parts.append(current)
-    return [p.strip() for p in parts if p.strip()]
-
-
-def parse_algorithms(text: str) -> list[Row]:
-    """`fedavg,fedc2i[gamma=1,variant=-lambda],pfedsv[privacy.noise_multiplier=1]` -> rows.
-
-    Inside brackets a plain key is an algorithm parameter; a dotted key overrides the
-    scenario for that row (privacy noise, data split, ...), and a key set to an inline table
-    replaces that whole table of the scenario: `local[privacy={mode="none"}]` is Local with
-    privacy off, whatever `[privacy]` the scenario has.
-    """
-    return [_parse_row(token) for token in _split_top_level(text)]
-
-
-def _is_sweep(item: str) -> bool:
-    value = item.split("=", 1)[1].strip() if "=" in item else ""
-    return "|" in value and not value.startswith(("\"", "'", "[", "{"))
-
-
-def _parse_row(token: str) -> Row:
-    # A built-in's name, or a user's strategy as "package.module:Class".
-    match = re.fullmatch(r"([A-Za-z0-9_+-]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)(?:\[(.*)\])?", token)
-    if not match:
-        raise ConfigError("--algorithms", f"cannot parse {token!r}; expected name, package.module:Class, "
-                                          "or either with [key=value,...]")
-    name, items = match.group(1), _split_top_level(match.group(2) or "")
-    swept = [i for i, item in enumerate(items) if _is_sweep(item)]
-    if len(swept) > 1:
-        raise ConfigError("--algorithms", f"{token!r} sweeps {len(swept)} keys; a row sweeps one hyperparameter "
-                                          "(write one row per setting of the others)")
-    if swept:
-        key, alternatives = items[swept[0]].split("=", 1)
-        values = [v.strip() for v in alternatives.split("|")]
-        if len(values) < 2 or not all(values) or len(set(values)) != len(values):
-            raise ConfigError("--algorithms", f"{token!r}: a sweep lists two or more distinct values, "
-                                              f"like {key.strip()}=0.5|1|2")
-        candidates = tuple(_parse_row(f"{name}[{','.join(items[:swept[0]] + [f'{key.strip()}={v}'] + items[swept[0] + 1:])}]")
-                           for v in values)
-        return Row(token, name, sweep_key=key.strip(), candidates=candidates)
-    params, overrides = {}, {}
-    for item in items:
-        path, value = parse_override(item)
-        (overrides if len(path) > 1 or isinstance(value, dict) else params)[".".join(path)] = value
-    return Row(token, name, params, overrides)
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -218,27 +126,12 @@ def worst_vs_baseline(runs: Sequence[Mapping[str, Any]], baseline: Sequence[Mapp
     return worst
 
 
-def label_algorithm(label: str) -> str:
-    """The algorithm of a row label: `local[privacy={mode="none"}]` -> `local`."""
-    return label.split("[", 1)[0]
-
-
-def baseline_label(labels: Sequence[str], algorithm: str = "local") -> str | None:
-    """The row the `worst vs local` columns measure against: the row labelled `local`, else the one
-    row of algorithm `local` (`local[privacy={mode="none"}]` in a privacy sweep); None if neither."""
-    if algorithm in labels:
-        return algorithm
-    candidates = [label for label in labels if label_algorithm(label) == algorithm]
-    return candidates[0] if len(candidates) == 1 else None
-
-
 def md_cell(text: str) -> str:
     """A table cell's text with the pipes of a sweep (`gamma=1|5`) escaped for Markdown."""
     return text.replace("|", "\\|")
 
 
 PAIRED_KEYS = ("final", "final_aggregated")
-PLAN_FILE = "plan.json"  # the runs a compare call is making: row -> run folders (the dashboard's progress)
 
 
 def paired_table(rows: Mapping[str, Sequence[Mapping[str, Any]]], reference: str) -> dict[tuple[str, str], PairedDifference]:
@@ -393,56 +286,6 @@ def starved_runs(rows: Mapping[str, list[dict[str, Any]]]) -> list[str]:
             if (run.get("unanswered_share") or 0.0) > UNANSWERED_WARN_SHARE]
 
 
-def row_raw(base: Mapping[str, Any], row: Row) -> dict[str, Any]:
-    """The raw scenario of one row: the base with the row's algorithm, parameters and overrides
-    (the base's algorithm parameters carry over only to a row of the same algorithm)."""
-    raw = json.loads(json.dumps(base))
-    base_algorithm = base.get("algorithm", {}).get("name", "fedavg")
-    params = dict(raw.get("algorithm", {}).get("params", {})) if row.algorithm == base_algorithm else {}
-    raw["algorithm"] = {"name": row.algorithm, "params": params}
-    return apply_values(raw, [(["algorithm", "params", k], v) for k, v in row.params.items()]
-                        + [(k.split("."), v) for k, v in row.overrides.items()])
-
-
-# How many processes host the nodes: it changes a run's wall, not what its nodes compute, so a
-# run made on a machine with more cores is reused (its results.json keeps the value it had).
-HOSTING_ONLY = frozenset({"runtime.workers"})
-
-
-def _stored_run(run_dir: Path, scenario: Scenario, label: str) -> dict[str, Any] | None:
-    """The results.json `--reuse` takes for one run, or None where there is none or where a node
-    of it failed (a run cut short runs again); a run of another scenario, or made on other data,
-    is refused (ConfigError on `--reuse`)."""
-    from p2pfl.scenario.results import scenario_data_fingerprint
-
-    if not RunFolder(run_dir).results.is_file():
-        return None
-    stored = json.loads(RunFolder(run_dir).results.read_text())
-    summary = stored.get("summary") or {}
-    failed = (summary.get("nodes_failed") or []) + (summary.get("nodes_stopped") or [])
-    if failed:
-        print(f"{label}: {run_dir} has failed nodes ({', '.join(failed[:3])}{', …' if len(failed) > 3 else ''}); "
-              "running it again", file=sys.stderr)
-        return None
-    differ = [f for f in scenario_differences(stored.get("scenario") or {}, scenario) if f not in HOSTING_ONLY]
-    if differ:
-        raise ConfigError("--reuse", f"{run_dir} was run with another scenario than row {label!r} "
-                                     f"asks for ({', '.join(differ[:5])} differ); move it away or pick "
-                                     "another --out")
-    made_on, here = stored.get("data_fingerprint"), scenario_data_fingerprint(scenario)
-    if made_on is not None and made_on != here:  # older runs carry none: nothing to check
-        raise ConfigError("--reuse", f"{run_dir} was run on other data than this machine makes ({made_on} "
-                                     f"there, {here} here: synth depends on the Pillow and matplotlib versions and on "
-                                     "the fonts $P2PFL_FONT_DIRS adds); install the pinned versions, or run it again")
-    return stored
-
-
-def _row_scenario(base: Mapping[str, Any], row: Row, seed: int, scenario_path: Path) -> Scenario:
-    raw = row_raw(base, row)
-    raw["seed"] = seed
-    return scenario_from_dict(raw, source=str(scenario_path))
-
-
 def choose_on_validation(row: Row, candidates: Mapping[str, Sequence[Mapping[str, Any]]]
                          ) -> tuple[list[dict[str, Any]], dict[int, str]]:
     """A sweep row's runs: per seed, the candidate run with the best mean validation accuracy
@@ -473,162 +316,3 @@ def sweep_table(row: Row, candidates: Mapping[str, Sequence[Mapping[str, Any]]],
         lines.append(f"| {md_cell(candidate.label)} | {_cell([r['val'] for r in runs])} | {_cell([r['final'] for r in runs])} | "
                      f"{_cell([r['final_aggregated'] for r in runs])} | {', '.join(picked) or '-'} |")
     return "\n".join(lines)
-
-
-def earlier_overrides(out: Path) -> dict[str, list[str]]:
-    """Per row out/compare.json lists, the `--set` overrides its runs were made with. A listing
-    written before rows kept their own holds the overrides of the call that wrote it, and every
-    row it kept matched them then."""
-    listing = out / "compare.json"
-    if not listing.is_file():
-        return {}
-    document = json.loads(listing.read_text())
-    common = list(document.get("overrides", []))
-    per_row = document.get("row_overrides", {})
-    return {label: list(per_row.get(label, common)) for label in document.get("rows", {})}
-
-
-def earlier_rows(out: Path, scenario_path: Path, seeds: Sequence[int],
-                 asked: Sequence[str]) -> dict[str, list[dict[str, Any]] | None]:
-    """The rows out/compare.json lists, in its order: those this call asks for map to None
-    (this call fills them in), the others to their summaries where every seed's run is there and
-    still matches the scenario with the overrides that row was made with (`earlier_overrides`:
-    one folder gathers rows made by several calls, each with its own `--set`, such as
-    Client2Vec's rows that read an index another row built). Rows that no longer match are left
-    out, saying why."""
-    kept: dict[str, list[dict[str, Any]] | None] = {}
-    raw = read_raw(scenario_path)
-    for label, overrides in earlier_overrides(out).items():
-        if label in asked:
-            kept[label] = None
-            continue
-        try:
-            (row,) = parse_algorithms(label)
-            base = apply_overrides(raw, overrides)
-            stored = {candidate.label: [_stored_run(compare_run(out, candidate.label, seed),
-                                                    _row_scenario(base, candidate, seed, scenario_path), label)
-                                        for seed in seeds] for candidate in row.runs()}
-        except (ConfigError, ValueError) as exc:
-            print(f"compare.md leaves out the earlier row {label!r}: {exc}", file=sys.stderr)
-            continue
-        missing = sorted({seed for runs in stored.values() for seed, run in zip(seeds, runs) if run is None})
-        if missing:
-            print(f"compare.md leaves out the earlier row {label!r}: no run for seed(s) "
-                  f"{', '.join(map(str, missing))}", file=sys.stderr)
-            continue
-        summaries = {candidate: [summarize_run(run) for run in runs if run is not None] for candidate, runs in stored.items()}
-        if row.candidates:
-            try:
-                kept[label] = choose_on_validation(row, summaries)[0]
-            except ConfigError as exc:
-                print(f"compare.md leaves out the earlier row {label!r}: {exc}", file=sys.stderr)
-        else:
-            kept[label] = summaries[label]
-    return kept
-
-
-def table_order(asked: Sequence[str], earlier: Sequence[str]) -> list[str]:
-    """The rows asked for in their order, each earlier row not asked for put back right after
-    the row it followed in `earlier` (first if it came first)."""
-    order, previous = list(asked), None
-    for label in earlier:
-        if label not in order:
-            order.insert(0 if previous is None else order.index(previous) + 1, label)
-        previous = label
-    return order
-
-
-def check_out_folder(out: Path, *, reuse: bool, force: bool) -> None:
-    """ConfigError on `--out` where it names a file, or a folder holding runs while neither
-    `--reuse` nor `--force` says what to do with them."""
-    if reuse and force:
-        raise ConfigError("--force", "--force runs again what --reuse would take; pass one of them")
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{out} is a file; name a folder for the comparison")
-    if reuse or force or not out.is_dir():
-        return
-    held = next(out.glob("*/*/results.json"), None) or (out / "compare.json" if (out / "compare.json").is_file() else None)
-    if held is not None:
-        raise ConfigError("--out", f"{out} holds runs of an earlier comparison ({held}); pass --reuse to take them "
-                                   "and run only what is missing, or --force to run everything again, replacing them")
-
-
-def run_compare(scenario_path: Path, rows: list[Row], seeds: list[int], out: Path, overrides: Sequence[str] = (),
-                *, reuse: bool = False, force: bool = False, progress: bool = True,
-                reference: str | None = None) -> int:
-    """Run (or with `reuse`, take) every row over every seed and write compare.json and
-    compare.md. A sweep row runs each of its values and stands for the one validation chooses
-    per seed. With `reuse` the table also keeps the rows earlier calls put in `out` (see
-    `earlier_rows`): this call's rows in its order, each earlier row back after the row it
-    followed before. `reference` names the row every other row's paired difference is taken
-    against. A folder that holds runs is refused unless `reuse` takes them or `force` runs them
-    again, as `p2pfl run` refuses an existing run without `--force`."""
-    from p2pfl.scenario.launcher import run_loaded
-
-    check_out_folder(out, reuse=reuse, force=force)
-    base = apply_overrides(read_raw(scenario_path), overrides)
-    if reference is not None and reference not in [row.label for row in rows]:
-        earlier_labels = list(json.loads((out / "compare.json").read_text()).get("rows", {})) \
-            if reuse and (out / "compare.json").is_file() else []
-        if reference not in earlier_labels:
-            raise ConfigError("--reference", f"{reference!r} is not one of the rows: "
-                                             + ", ".join([row.label for row in rows] + earlier_labels))
-    # Validate every run, and every run --reuse would take, before the first run starts; a run
-    # two rows need (a sweep's value asked for as a row of its own too) runs once.
-    plans: dict[Path, tuple[Row, int, Scenario, dict[str, Any] | None]] = {}
-    for row in rows:
-        for candidate in row.runs():
-            for seed in seeds:
-                run_dir = compare_run(out, candidate.label, seed)
-                if run_dir in plans:
-                    continue
-                scenario = _row_scenario(base, candidate, seed, scenario_path)
-                stored = _stored_run(run_dir, scenario, candidate.label) if reuse else None
-                plans[run_dir] = (candidate, seed, scenario, stored)
-    earlier = earlier_rows(out, scenario_path, seeds, [row.label for row in rows]) if reuse else {}
-    made_with = earlier_overrides(out) if reuse else {}
-    out.mkdir(parents=True, exist_ok=True)
-    # What this call will run, for a live view of the folder (compare.json comes at the end).
-    planned: dict[str, list[str]] = {}
-    for run_dir, (row, _, _, _) in plans.items():
-        planned.setdefault(row.label, []).append(str(run_dir.relative_to(out)))
-    (out / PLAN_FILE).write_text(json.dumps({"scenario": str(scenario_path), "overrides": list(overrides),
-                                             "runs": planned}, indent=1))
-    runs: dict[str, list[dict[str, Any]]] = {}
-    failures = 0
-    for run_dir, (row, seed, scenario, stored) in plans.items():
-        if stored is not None:
-            results, code = stored, 0 if not stored["summary"]["nodes_failed"] else 1
-        else:
-            results, code = run_loaded(scenario, run_dir, progress=progress, quiet=True, force=True)
-        failures += code != 0
-        runs.setdefault(row.label, []).append(summarize_run(results))
-        s = runs[row.label][-1]
-        print(f"{row.label} seed {seed}: acc {100 * s['final']:.1f} % (aggregated {100 * s['final_aggregated']:.1f} %), "
-              f"{s['total_bytes'] / 2**20:.1f} MiB, {s['wall_s']:.0f} s" + ("" if code == 0 else "  [FAILED NODES]"),
-              file=sys.stderr)
-        for warning in (download_warning(download_health(results["nodes"])),
-                        refusal_warning(refused_peers(results["nodes"])),
-                        degraded_warning((results["summary"].get("nodes_degraded") or {}))):
-            if warning is not None:
-                print(f"{row.label} seed {seed}: {warning}", file=sys.stderr)
-    summaries: dict[str, list[dict[str, Any]]] = {}
-    sweeps = []
-    for row in rows:
-        if row.candidates:
-            summaries[row.label], picks = choose_on_validation(row, runs)
-            sweeps.append(sweep_table(row, runs, picks))
-        else:
-            summaries[row.label] = runs[row.label]
-    summaries = {label: summaries[label] if earlier.get(label) is None else earlier[label]
-                 for label in table_order(list(summaries), list(earlier))}
-    table = "\n\n".join([format_table(summaries, reference=reference), *sweeps])
-    asked = [row.label for row in rows]
-    row_overrides = {label: list(overrides) if label in asked else made_with[label] for label in summaries}
-    (out / "compare.json").write_text(json.dumps({"scenario": str(scenario_path), "seeds": seeds,
-                                                  "overrides": list(overrides), "row_overrides": row_overrides,
-                                                  "reference": reference, "chosen": chosen_values(summaries),
-                                                  "rows": summaries}, indent=1))
-    (out / "compare.md").write_text(table + "\n")
-    print(table)
-    return 1 if failures else 0
