@@ -55,7 +55,7 @@ from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.scenario.carriers import build_carrier
 from p2pfl.scenario.run_inputs import resolve_run_inputs
-from p2pfl.scenario.schema import Scenario, load_scenario
+from p2pfl.scenario.schema import Scenario, load_scenario, settings_for
 from p2pfl.training.trainer import LocalTrainer
 from p2pfl.wire import NodeKey
 
@@ -202,16 +202,8 @@ def neighbour_rounds(sc: Scenario, indices: Sequence[int], scripts: Sequence[Nod
 
 def node_settings(sc: Scenario) -> NodeSettings:
     """What a node's loop reads of the scenario (`p2pfl.runtime.settings`)."""
-    rt = sc.runtime
-    return NodeSettings(
-        algorithm=sc.algorithm.name, rounds=sc.rounds, seed=sc.seed, fetch_timeout_s=rt.fetch_timeout_s,
-        coordinator_wait_s=rt.coordinator_wait_s, setup_wait_s=rt.setup_wait_s, start_wait_s=rt.start_wait_s,
-        linger_s=rt.linger_s, participation=rt.participation, accept_stale=rt.accept_stale,
-        wire_precision=rt.wire_precision, wire_sparsity=rt.wire_sparsity, error_feedback=rt.error_feedback,
-        max_weight_ratio=rt.max_weight_ratio, max_norm_ratio=rt.max_norm_ratio,
-        update_bound=rt.update_bound, update_refuse=rt.update_refuse, checkpoint_every=rt.checkpoint_every,
-        audit=rt.audit, resolved=sc.to_dict(),
-    )
+    return NodeSettings(algorithm=sc.algorithm.name, rounds=sc.rounds, seed=sc.seed, resolved=sc.to_dict(),
+                        written_as=sc.written_as, **settings_for(sc.runtime, "node"))
 
 
 # A worker of many nodes returns freed heap pages this often (p2pfl.runtime.resources): the

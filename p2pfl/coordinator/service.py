@@ -281,7 +281,7 @@ class Coordinator:
                                   "setup exchange and rounds, and only the rounds are checkpointed; start the run again")
         tensors, doc = read_resumable(self.checkpoint_path, node_id=self.config.id,
                                       public_hex=self.key.public_hex, scenario=self.scenario.to_dict(),
-                                      rounds=self.scenario.rounds, spec=self.spec)
+                                      rounds=self.scenario.rounds, spec=self.spec, written_as=self.scenario.written_as)
         fresh = self.build_half()
         try:
             fresh.load_state_dict(doc["aggregator"])

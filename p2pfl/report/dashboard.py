@@ -284,7 +284,7 @@ def dashboard_state(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                              if line.strip()]
         except (KeyError, TypeError, ValueError, AttributeError):  # a results.json of another version
             summary_lines = []
-    membership = _membership(nodes, rounds_total, per_node, events) if "churn" in scenario or events else None
+    membership = _membership(nodes, rounds_total, per_node, events) if scenario.get("churn") or events else None
     curves = {key: round_bands(nodes, key) for key in
               (TEST_ACC, TEST_ACC_AGGREGATED, "train_loss", "test_loss", "mib_received", "epsilon")}
     # The strategy hooks' numbers (evaluate's metrics, fit_config's learning rate), each its own curve.

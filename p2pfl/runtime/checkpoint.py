@@ -264,9 +264,12 @@ def join_strategy_state(state: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
 
 
 def read_resumable(path: Path, *, node_id: str, public_hex: str, scenario: Mapping[str, Any], rounds: int,
-                   spec: Mapping[str, tuple[tuple[int, ...], str]]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+                   spec: Mapping[str, tuple[tuple[int, ...], str]], written_as: Mapping[str, Any] | None = None,
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """A checkpoint that this node (or coordinator) can resume from, verified in full before the
-    caller loads anything: its signature, owner, scenario, model shapes and round records."""
+    caller loads anything: its signature, owner, scenario, model shapes and round records.
+    `written_as`: the same scenario as an older format wrote it, whose checkpoints are bound to
+    that form."""
     if not Path(path).exists():
         raise CheckpointError(f"--resume: no checkpoint at {path}")
     tensors, doc = read_checkpoint(path, node_id=node_id, public_hex=public_hex)
@@ -274,7 +277,7 @@ def read_resumable(path: Path, *, node_id: str, public_hex: str, scenario: Mappi
         raise CheckpointError(f"checkpoint {path} holds a model but no node state; it cannot be resumed")
     if doc.get("node") != node_id:
         raise CheckpointError(f"checkpoint {path} belongs to {doc.get('node')!r}, not {node_id}")
-    if doc.get("scenario") != scenario_digest(scenario):
+    if doc.get("scenario") not in {scenario_digest(form) for form in (scenario, written_as) if form is not None}:
         raise CheckpointError(f"checkpoint {path} was written for another scenario; resume with the same one")
     model = {k: v for k, v in tensors.items() if not k.startswith(STRATEGY_TENSORS)}
     if model or doc.get(AS_BUILT) is None:  # a model as built is rebuilt, not stored (the caller checks its digest)

@@ -52,6 +52,9 @@ class NodeSettings:
     checkpoint_every: int = 1       # rounds taken part in between checkpoints (round 0 and the end always; the end holds the last round)
     # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # The same scenario as an older format wrote it (its run folder's scenario.json), whose
+    # checkpoints are bound to that form; None when the folder is of today's format.
+    written_as: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -395,12 +395,15 @@ def human_bytes(n: float) -> str:
 def active_defences(scenario: Mapping[str, Any]) -> list[str]:
     """The runtime defences that change what an honest run computes, as on in this (resolved,
     stored) scenario: what a row named "fedavg" ran besides FedAvg."""
-    runtime = scenario.get("runtime") or {}
+    from p2pfl.scenario.migrations import WEIGHT_CAP_BEFORE_RECORDED, upgrade
+
+    runtime = upgrade(scenario).get("runtime") or {}
     on = []
     if runtime.get("update_bound"):
         on.append(f"bound {runtime['update_bound']:g}")
-    if runtime.get("max_weight_ratio", 4.0):  # a run stored before the field was recorded capped at 4
-        on.append(f"weight cap {runtime.get('max_weight_ratio', 4.0):g}")
+    cap = runtime.get("max_weight_ratio", WEIGHT_CAP_BEFORE_RECORDED)
+    if cap:
+        on.append(f"weight cap {cap:g}")
     if ((scenario.get("algorithm") or {}).get("params") or {}).get("fallback"):
         on.append("own model where too few models arrive")
     return on

@@ -33,9 +33,10 @@ from p2pfl.runtime.settings import (Sparsity, DEFAULT_MAX_NORM_RATIO, DEFAULT_MA
                                     DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS, WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import CARRIERS
+from p2pfl.scenario.migrations import FORMAT, format_of, unrecorded, upgrade
 from p2pfl.training.config import TrainConfig
 
-TOP_LEVEL = {"name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
+TOP_LEVEL = {"format", "name", "nodes", "seed", "rounds", "device", "data", "model", "algorithm", "train", "runtime", "privacy",
              "attack", "churn", "plugins"}
 
 
@@ -105,67 +106,98 @@ class AlgorithmSpec:
     safeguard_level: float | None = None
 
 
+_UNKNOWN: Any = object()  # `absent` not declared: a stored scenario without the field cannot say
+
+
+def setting(default: Any, *, feeds: tuple[str, ...], absent: Any = _UNKNOWN) -> Any:
+    """A runtime field, declared once: its default; what it `feeds` ("node": `NodeSettings`, built
+    by `settings_for`; "carrier", "coordinator", "hosting": read where those are built); and what
+    a stored scenario that lacks it meant (`absent`: a field added after runs were published;
+    `p2pfl.scenario.migrations`)."""
+    metadata = {"feeds": feeds} if absent is _UNKNOWN else {"feeds": feeds, "absent": absent}
+    return field(default=default, metadata=metadata)
+
+
 PLACEMENTS = ("process", "shared", "ray")
 START_METHODS = ("auto", "fork", "spawn")
 
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    fetch_timeout_s: float = 60.0     # longest wait for a peer's version of this round
-    coordinator_wait_s: float = 120.0  # a node's longest wait for the coordinator's reply to a round
-    first_submission_wait_s: float = 240.0  # the coordinator's longest wait for a round's first node (nodes train)
-    straggler_wait_s: float = 60.0    # then the coordinator's longest wait for the round's other nodes
-    setup_wait_s: float = 1800.0      # a node's longest wait for a peer's or the coordinator's step before round 1
-    connect_retry_s: float = 0.25     # first backoff step when a peer is not up yet
-    message_limit_mb: float = 64.0    # largest accepted message (aiohttp's default is 1 MiB)
-    accept_stale: bool = True         # use a peer's older version when the wanted one is late
-    torch_threads: int = 1            # 2 cores are shared by all node processes
-    linger_s: float = 60.0            # keep serving after the last round until peers are done
-    start_wait_s: float = 30.0        # before round 1, wait this long at most for every peer to be up
-    tls: bool = False                 # HTTPS between nodes, certificates pinned by fingerprint (no CA)
-    placement: str = "process"        # "process": one OS process per node; "shared": nodes share worker processes;
-                                      # "ray": the workers are actors on a Ray cluster
-    workers: int = 0                  # worker processes ("shared") or actors ("ray"); 0: one per core / cluster CPU
+    fetch_timeout_s: float = setting(60.0, feeds=("node",))     # longest wait for a peer's version of this round
+    # a node's longest wait for the coordinator's reply to a round
+    coordinator_wait_s: float = setting(120.0, feeds=("node",))
+    # the coordinator's longest wait for a round's first node (nodes train)
+    first_submission_wait_s: float = setting(240.0, feeds=("coordinator",))
+    # then the coordinator's longest wait for the round's other nodes
+    straggler_wait_s: float = setting(60.0, feeds=("coordinator",))
+    # a node's longest wait for a peer's or the coordinator's step before round 1
+    setup_wait_s: float = setting(1800.0, feeds=("node",))
+    connect_retry_s: float = setting(0.25, feeds=("carrier",))     # first backoff step when a peer is not up yet
+    # largest accepted message (aiohttp's default is 1 MiB)
+    message_limit_mb: float = setting(64.0, feeds=("carrier",))
+    # use a peer's older version when the wanted one is late
+    accept_stale: bool = setting(True, feeds=("node",))
+    torch_threads: int = setting(1, feeds=("hosting",))            # 2 cores are shared by all node processes
+    # keep serving after the last round until peers are done
+    linger_s: float = setting(60.0, feeds=("node",))
+    # before round 1, wait this long at most for every peer to be up
+    start_wait_s: float = setting(30.0, feeds=("node",))
+    # HTTPS between nodes, certificates pinned by fingerprint (no CA)
+    tls: bool = setting(False, feeds=("carrier",))
+    # "process": one OS process per node; "shared": nodes share worker processes; "ray": the workers
+    # are actors on a Ray cluster
+    placement: str = setting("process", feeds=("hosting",))
+    # worker processes ("shared") or actors ("ray"); 0: one per core / cluster CPU
+    workers: int = setting(0, feeds=("hosting",))
     # How "process" placement starts its node processes (multiprocessing's names): "fork" from one
     # process that imported torch and the node's code once (a quarter of the quickstart's start-up
     # on 2 cores; benchmarks/startup.py), "spawn" each as a fresh interpreter; "auto": fork where
     # the platform forks safely (Linux), else spawn.
-    start_method: str = "auto"
-    ray_address: str = "auto"         # the Ray cluster for placement = "ray" (`ray start --head` prints it)
-    topology: str = "full"            # who fetches from whom: full | ring | regular:d | small_world:d
-    participation: float = 1.0        # chance that a node takes part in a round (its own seeded draw)
-    host: str = "127.0.0.1"
-    max_skew_s: float = 300.0         # accepted clock difference for message timestamps
-    wire_precision: str = "float32"   # shared parameters on the wire: float32 | float16 | int8 (per-tensor scale)
-    wire_sparsity: str = "none"       # model parts sent sparse: "none" | "topk:<fraction>" | "randomk:<fraction>"
-    error_feedback: bool = True       # with wire_sparsity: what a round leaves out is sent in later rounds
-    held_mb: float = 32.0             # a node serves its published versions that fit here (the latest always), so a
-                                      # peer that ran ahead still serves the round asked for: runs reproducible
+    start_method: str = setting("auto", feeds=("hosting",), absent="auto")
+    # the Ray cluster for placement = "ray" (`ray start --head` prints it)
+    ray_address: str = setting("auto", feeds=("hosting",))
+    # who fetches from whom: full | ring | regular:d | small_world:d
+    topology: str = setting("full", feeds=("hosting",))
+    # chance that a node takes part in a round (its own seeded draw)
+    participation: float = setting(1.0, feeds=("node",))
+    host: str = setting("127.0.0.1", feeds=("hosting",))
+    max_skew_s: float = setting(300.0, feeds=("carrier",))         # accepted clock difference for message timestamps
+    # shared parameters on the wire: float32 | float16 | int8 (per-tensor scale)
+    wire_precision: str = setting("float32", feeds=("node",))
+    # model parts sent sparse: "none" | "topk:<fraction>" | "randomk:<fraction>"
+    wire_sparsity: str = setting("none", feeds=("node",), absent="none")
+    # with wire_sparsity: what a round leaves out is sent in later rounds
+    error_feedback: bool = setting(True, feeds=("node",), absent=True)
+    # a node serves its published versions that fit here (the latest always), so a peer that ran ahead
+    # still serves the round asked for: runs reproducible
+    held_mb: float = setting(32.0, feeds=("carrier",))
     # A peer's claims (p2pfl.runtime.peer_claims): its n_train counts at most this many times the
     # node's own (the coordinator: the round's median), and a part over this many times the norm
     # of the node's own part is refused.
-    max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
-    max_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
+    max_weight_ratio: float = setting(DEFAULT_MAX_WEIGHT_RATIO, feeds=("node", "coordinator"))
+    max_norm_ratio: float = setting(DEFAULT_MAX_NORM_RATIO, feeds=("node",), absent=DEFAULT_MAX_NORM_RATIO)
     # A peer's model part is pulled back to at most this many times the distance the node's own
     # training moved its model this round (norm clipping against poisoning); 0 turns it off. The
     # papers' scenarios set 0: a paper's method runs as printed.
-    update_bound: float = DEFAULT_UPDATE_BOUND
+    update_bound: float = setting(DEFAULT_UPDATE_BOUND, feeds=("node",), absent=0.0)
     # A part this many times over that bound is refused, not pulled back (0: never refused): a
     # sign-flip x1000 otherwise still adds a reversed update as long as the node's own to every
     # average. Meaningless without the bound, so not stored when update_bound = 0.
-    update_refuse: float = DEFAULT_UPDATE_REFUSE
-    buffered_mb: float = 256.0        # bodies of pushes read at once, all senders together; beyond it: 429
+    update_refuse: float = setting(DEFAULT_UPDATE_REFUSE, feeds=("node",), absent=0.0)
+    # bodies of pushes read at once, all senders together; beyond it: 429
+    buffered_mb: float = setting(256.0, feeds=("carrier",), absent=256.0)
     # The carrier between nodes (p2pfl.runtime.transport): "http" between processes and machines;
     # "loopback" hands the same signed frames over in memory, for nodes that share one process;
     # "colocated" does so between nodes of one worker and uses HTTP for everyone else.
-    transport: str = "http"
+    transport: str = setting("http", feeds=("carrier",), absent="http")
     # A node checkpoints after a round it takes part in whose number is a multiple of this (and
     # before its first round and at its end): a resume goes on from the last one, running the
     # rounds after it again. At 1000 nodes a checkpoint a round is a share of the round's CPU.
-    checkpoint_every: int = 1
+    checkpoint_every: int = setting(1, feeds=("node",), absent=1)
     # A node that keeps every part it reads (`RunFolder.received`), and that `p2pfl audit` attacks
     # them from after the run, as an honest-but-curious peer would ("": none; `p2pfl run --audit`).
-    audit: str = ""
+    audit: str = setting("", feeds=("node",), absent="")
 
     def __post_init__(self) -> None:
         for name in ("fetch_timeout_s", "connect_retry_s", "message_limit_mb", "linger_s", "max_skew_s",
@@ -228,13 +260,18 @@ class RuntimeSpec:
                                                        f"{self.wire_precision!r} (set one of them)")
 
 
-# Runtime fields added after runs were published: at their defaults they leave a scenario's
-# resolved form as it was, so `--reuse` and `--resume` still take the runs made before them.
-RUNTIME_ADDED = ("max_norm_ratio", "buffered_mb", "transport", "checkpoint_every", "start_method", "wire_sparsity",
-                 "error_feedback", "audit")
-# Added after runs were published and changes what honest runs compute, so always stored: a stored
-# run without it cannot say whether its peers' sizes were capped, and `--reuse` refuses it.
-RUNTIME_RECORDED = ("max_weight_ratio",)
+def runtime_fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(RuntimeSpec)]
+
+
+def runtime_absent() -> dict[str, Any]:
+    """What each runtime field's absence from a stored scenario meant, where declared."""
+    return {f.name: f.metadata["absent"] for f in dataclasses.fields(RuntimeSpec) if "absent" in f.metadata}
+
+
+def settings_for(runtime: RuntimeSpec, reader: str) -> dict[str, Any]:
+    """The runtime fields declared to feed `reader`, by name, as its settings object takes them."""
+    return {f.name: getattr(runtime, f.name) for f in dataclasses.fields(RuntimeSpec) if reader in f.metadata["feeds"]}
 
 
 @dataclass(frozen=True)
@@ -256,70 +293,46 @@ class Scenario:
     # modules found next to it; stored resolved, so a node loading the run's copy admits the same.
     plugins: tuple[str, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # Loaded from a run folder of an older format: its scenario.json as written (checkpoints are
+    # bound to that form); None otherwise.
+    written_as: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario (defaults filled in), JSON-able, loadable again by `scenario_from_dict`."""
         out: dict[str, Any] = {
-            "name": self.name, "nodes": self.nodes, "seed": self.seed, "rounds": self.rounds, "device": self.device,
+            "format": FORMAT, "name": self.name, "nodes": self.nodes, "seed": self.seed, "rounds": self.rounds,
+            "device": self.device,
         }
         for key in ("data", "model", "train", "runtime", "privacy"):
             out[key] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(getattr(self, key)).items()}
-        for key in RUNTIME_ADDED:  # absent at their defaults: old run folders still match
-            if out["runtime"][key] == RuntimeSpec.__dataclass_fields__[key].default:
-                del out["runtime"][key]
-        if self.runtime.update_bound == 0:  # no bound, nothing to be over: runs without it match whatever the factor
-            del out["runtime"]["update_refuse"]
-        out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params)}
-        if self.algorithm.safeguard is not None:  # absent when off: old run folders still match
-            out["algorithm"]["safeguard"] = True if self.algorithm.safeguard == "mix" else self.algorithm.safeguard
-        if self.algorithm.safeguard_level is not None:
-            out["algorithm"]["safeguard_level"] = self.algorithm.safeguard_level
-        if self.attack is not None and self.attack.kind != "none":  # absent when off: old run folders still match
-            out["attack"] = {**dataclasses.asdict(self.attack), "nodes": list(self.attack.nodes)}
-        if self.plugins:  # absent without plugins: old run folders still match
-            out["plugins"] = list(self.plugins)
-        if self.churn.active:  # absent without churn: old run folders still match
-            out["churn"] = self.churn.to_dict()
+        if self.runtime.update_bound == 0:  # no bound, nothing to be over: one form whatever the factor
+            out["runtime"]["update_refuse"] = 0.0
+        out["algorithm"] = {"name": self.algorithm.name, "params": dict(self.algorithm.params),
+                            "safeguard": True if self.algorithm.safeguard == "mix" else (self.algorithm.safeguard or False),
+                            "safeguard_level": self.algorithm.safeguard_level}
+        from p2pfl.attacks import AttackSpec
+
+        attack = self.attack if self.attack is not None else AttackSpec()
+        out["attack"] = {**dataclasses.asdict(attack), "nodes": list(attack.nodes)}
+        out["churn"] = self.churn.to_dict()
+        out["plugins"] = list(self.plugins)
         return out
-
-
-def stored_as_made(stored: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored resolved scenario with the fields it predates set to how its run was made: a run
-    made before `runtime.update_bound` existed bounded nothing (0), though the field's default
-    is now 1, so it is compared and resumed as 0; a bounded run made before
-    `runtime.update_refuse` existed refused nothing for being over the bound (0). Without the
-    bound the refusal factor means nothing and is not stored. A run made before `data.test_split`
-    scored each node on its own held-out share ("own_distribution")."""
-    out = json.loads(json.dumps(stored))
-    if isinstance(out.get("data"), dict):
-        out["data"].setdefault("test_split", "own_distribution")
-    runtime = out.get("runtime")
-    if isinstance(runtime, dict) and "update_bound" not in runtime:
-        runtime["update_bound"] = 0.0
-    if isinstance(runtime, dict) and runtime.get("update_bound") and "update_refuse" not in runtime:
-        runtime["update_refuse"] = 0.0  # bounded before refusals existed: every part was pulled back
-    if isinstance(runtime, dict) and runtime.get("update_bound") == 0:
-        runtime.pop("update_refuse", None)
-    return out
 
 
 def scenario_differences(stored: Mapping[str, Any], scenario: Scenario) -> list[str]:
     """Dotted fields in which a stored resolved scenario (a run's `scenario.json` or results'
-    `scenario`) differs from `scenario`; empty when the run was made from this scenario."""
-    stored = stored_as_made(stored)
-    unrecorded = [f"runtime.{key} (not recorded: made before it was stored)" for key in RUNTIME_RECORDED
-                  if isinstance(stored.get("runtime"), Mapping) and key not in stored["runtime"]]
+    `scenario`), read in today's format, differs from `scenario`; empty when the run was made from
+    this scenario. A field the stored run never recorded is named as such first."""
+    stored = upgrade(stored)
+    unknown = unrecorded(stored)
 
     def walk(a: Any, b: Any, prefix: str) -> list[str]:
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             return [f for key in sorted(set(a) | set(b)) for f in walk(a.get(key), b.get(key), f"{prefix}{key}.")]
-        return [] if a == b else [prefix.rstrip(".")]
+        return [] if a == b or prefix.rstrip(".") in unknown else [prefix.rstrip(".")]
 
     here = json.loads(json.dumps(scenario.to_dict()))
-    for key in RUNTIME_RECORDED:
-        if isinstance(stored.get("runtime"), dict) and key not in stored["runtime"]:
-            stored["runtime"][key] = here["runtime"][key]
-    return unrecorded + walk(stored, here, "")
+    return [f"{name} (not recorded: made before it was stored)" for name in unknown] + walk(stored, here, "")
 
 
 def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
@@ -331,6 +344,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "scenario") -> S
     from p2pfl.privacy.spec import PrivacySpec
 
     check_table(raw, sorted(TOP_LEVEL), "")
+    format_of(raw)
     name = _typed(raw.get("name", Path(source).stem), str, "name")
     nodes = _typed(raw.get("nodes", 3), int, "nodes")
     if nodes < 1:
@@ -484,6 +498,8 @@ def read_raw(path: str | Path) -> dict[str, Any]:
 
 def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     raw = read_raw(path)
-    if str(path).endswith(".json"):  # a run folder's resolved scenario, possibly older than some fields
-        raw = stored_as_made(raw)
-    return scenario_from_dict(apply_overrides(raw, overrides), source=str(path))
+    written_as = None
+    if str(path).endswith(".json") and format_of(raw) < FORMAT:  # a run folder of an older format
+        raw, written_as = upgrade(raw), raw
+    scenario = scenario_from_dict(apply_overrides(raw, overrides), source=str(path))
+    return dataclasses.replace(scenario, written_as=written_as) if written_as is not None and not overrides else scenario

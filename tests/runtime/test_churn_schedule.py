@@ -89,7 +89,7 @@ def test_a_scenario_carries_its_schedule_only_when_there_is_one(tmp_path) -> Non
     from .helpers import write_tiny
 
     plain = load_scenario(write_tiny(tmp_path))
-    assert "churn" not in plain.to_dict()  # old run folders still match
+    assert plain.to_dict()["churn"] == {} and not plain.churn.active  # written, empty: nobody comes or goes
     churned = load_scenario(write_tiny(tmp_path, nodes=4, rounds=4), ['churn.join=[{node = 2, round = 3}]'])
     assert churned.to_dict()["churn"] == {"join": [{"node": 2, "round": 3}]}
     # Client2Vec's coordinator sets nodes up before round 1; a joiner is set up from its peers.

@@ -4,6 +4,8 @@ validation shows the federated one is better (`"local"`)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -66,17 +68,19 @@ def test_safeguard_is_refused_where_it_cannot_apply(tmp_path) -> None:
 
 
 def test_safeguard_kinds_round_trip_through_the_resolved_scenario(tmp_path) -> None:
-    for written, kind, stored in (("false", None, None), ("true", "mix", True), ('"mix"', "mix", True),
+    for written, kind, stored in (("false", None, False), ("true", "mix", True), ('"mix"', "mix", True),
                                   ('"local"', "local", "local")):
         sc = load_scenario(write_tiny(tmp_path), [f"algorithm.safeguard={written}"])
         assert sc.algorithm.safeguard == kind
-        assert sc.to_dict()["algorithm"].get("safeguard") == stored  # `true` as before: old run folders still match
+        assert sc.to_dict()["algorithm"]["safeguard"] == stored  # `true` as before: old run folders still match
+        assert load_scenario(write_tiny(tmp_path), [f"algorithm.safeguard={json.dumps(stored)}"]).algorithm.safeguard == kind
 
 
 def test_safeguard_level_is_the_local_safeguards_and_a_level_in_0_1(tmp_path) -> None:
     sc = load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"', "algorithm.safeguard_level=0.2"])
     assert sc.algorithm.safeguard_level == 0.2 and sc.to_dict()["algorithm"]["safeguard_level"] == 0.2
-    assert "safeguard_level" not in load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"']).to_dict()["algorithm"]
+    unset = load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"'])
+    assert unset.algorithm.safeguard_level is None and unset.to_dict()["algorithm"]["safeguard_level"] is None
     for bad in ("0", "1", "1.5", "-0.1", "nan"):
         with pytest.raises(ConfigError, match="algorithm.safeguard_level.*in \\(0, 1\\)"):
             load_scenario(write_tiny(tmp_path), ['algorithm.safeguard="local"', f"algorithm.safeguard_level={bad}"])

@@ -91,7 +91,8 @@ class NodeState:
         """Load the last checkpoint: (the last complete round, whether setup's outcome was in it)."""
         path, parts = self.path, self.parts
         stored, doc = read_resumable(path, node_id=self.node_id, public_hex=parts.key.public_hex,
-                                     scenario=self.settings.resolved, rounds=self.settings.rounds, spec=self.spec())
+                                     scenario=self.settings.resolved, rounds=self.settings.rounds, spec=self.spec(),
+                                     written_as=self.settings.written_as)
         tensors = {k: v for k, v in stored.items() if not k.startswith(STRATEGY_TENSORS)}
         doc["strategy"] = join_strategy_state(doc["strategy"], {k: v.to(parts.device) for k, v in stored.items()
                                                                if k.startswith(STRATEGY_TENSORS)})
