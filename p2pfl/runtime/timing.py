@@ -28,20 +28,22 @@ class PhaseClock:
     during one phase is not charged to the next.
     """
 
-    def __init__(self, phase: str, sync: Callable[[], None] | None = None) -> None:
+    def __init__(self, phase: str, sync: Callable[[], None] | None = None,
+                 now: Callable[[], float] = time.perf_counter) -> None:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
         self._sync = sync
+        self._now = now
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self._phase: str | None = phase
-        self._since = time.perf_counter()
+        self._since = now()
 
     def switch(self, phase: str | None) -> None:
         if phase is not None and phase not in self.seconds:
             raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
         if self._sync is not None and self._phase is not None:
             self._sync()
-        now = time.perf_counter()
+        now = self._now()
         if self._phase is not None:
             self.seconds[self._phase] += now - self._since
         self._phase, self._since = phase, now

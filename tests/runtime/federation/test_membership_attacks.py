@@ -15,8 +15,8 @@ from p2pfl.runtime.transport import ServerLimits
 from p2pfl.wire import NodeKey, encode
 from p2pfl.wire.envelope import head_length
 
-from .helpers import lone_node, model_frame
-from .test_hardening import _raw_post, _read_headers, _started
+from ..helpers import lone_node, model_frame
+from ..test_hardening import _raw_post, _read_headers, _started
 
 
 def test_replayed_push_heads_spend_nothing_of_their_signer(tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_a_members_lie_in_its_part_is_neither_final_nor_relayed(tmp_path: Path) 
     from p2pfl.runtime.statements import sign_statement
     from p2pfl.wire import open_message
 
-    from .helpers import build_in_process, write_tiny
+    from ..helpers import build_in_process, write_tiny
 
     nodes, _ = build_in_process(write_tiny(tmp_path, nodes=4, rounds=2, samples=40), tmp_path / "run")
     victim, liar = nodes[0], nodes[1]
@@ -164,7 +164,7 @@ def test_refused_parts_are_judged_by_the_conduct_rule_not_taken_for_silence(tmp_
     in most of at least DISTRUST_AFTER = 3 rounds). Now it is asked in rounds 1-3 and dropped in 3."""
     from p2pfl.runtime.node.neighbours import DISTRUST_AFTER
 
-    from .helpers import build_in_process, run_in_process, write_tiny
+    from ..helpers import build_in_process, run_in_process, write_tiny
 
     scenario = write_tiny(tmp_path, nodes=3, rounds=DISTRUST_AFTER, samples=40,
                           extra='\n[attack]\nkind = "sign-flip"\nnodes = [0]\nscale = 1000.0\n')

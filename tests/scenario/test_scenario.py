@@ -10,7 +10,7 @@ import pytest
 from p2pfl.errors import ConfigError
 from p2pfl.scenario.schema import apply_overrides, load_scenario, parse_override, read_raw, scenario_from_dict
 
-from .helpers import write_tiny
+from ..runtime.helpers import write_tiny
 
 
 @pytest.mark.parametrize(

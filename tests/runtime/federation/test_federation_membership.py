@@ -176,7 +176,7 @@ def test_a_federation_node_refuses_what_a_federation_cannot_do_yet_by_name(tmp_p
                                                                            field: str) -> None:
     from p2pfl.cli import main
 
-    from .helpers import write_tiny
+    from ..helpers import write_tiny
 
     scenario = write_tiny(tmp_path, nodes=2)
     assert main(["federation", "init", "--dir", str(tmp_path / "fed")]) == 0

@@ -19,7 +19,7 @@ from p2pfl.runtime.roster import load_roster
 from p2pfl.hosting.ports import free_ports
 from p2pfl.wire import NodeKey
 
-from .helpers import write_tiny
+from ..runtime.helpers import write_tiny
 
 
 def _keygen(tmp: Path, node_id: str, url: str, capsys: pytest.CaptureFixture[str]) -> str:

@@ -14,7 +14,7 @@ from p2pfl.scenario.launcher import write_lan_configs
 from p2pfl.scenario.schema import load_scenario, read_raw
 from p2pfl.wire import NodeKey
 
-from .helpers import write_tiny
+from ..runtime.helpers import write_tiny
 
 
 def test_lan_configs_load_and_point_at_each_other(tmp_path):

@@ -238,7 +238,7 @@ def test_a_federation_over_tls_pins_each_members_certificate_from_its_record(tmp
     fingerprint, and every read between them is pinned to it; both finish with every part. The
     start wait is long (60 s, left as soon as the other is up): on a loaded machine the second
     process took over 5 s to listen and the first trained alone (CI beside a long run)."""
-    from .helpers import write_tiny
+    from ..helpers import write_tiny
 
     scenario = write_tiny(tmp_path, nodes=2, rounds=3, samples=60, extra="")
     assert main(["federation", "init", "--dir", str(tmp_path / "fed")]) == 0

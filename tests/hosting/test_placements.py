@@ -25,7 +25,7 @@ from p2pfl.hosting import ray as ray_placement
 from p2pfl.scenario.launcher import run_scenario
 from p2pfl.wire import NodeKey
 
-from .helpers import write_tiny
+from ..runtime.helpers import write_tiny
 
 pytestmark = pytest.mark.slow
 
