@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # flower_net, for --model flower_net:net
 
 from p2pfl.models import build_model  # noqa: E402
-from p2pfl.runtime.checkpoint import _exchange, write_swapped  # noqa: E402
+from p2pfl.runtime.files import _exchange, write_swapped  # noqa: E402
 from p2pfl.wire import NodeKey  # noqa: E402
 from p2pfl.wire.body import encode_body  # noqa: E402
 from p2pfl.wire.envelope import seal_frame  # noqa: E402

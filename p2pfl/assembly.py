@@ -46,7 +46,8 @@ from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.devices import data_to_device, node_device
 from p2pfl.runtime.resources import host_many_nodes, raise_open_file_limit, release_periodically
-from p2pfl.runtime.run_folder import RecordAppender, RunFolder
+from p2pfl.runtime.files import RecordAppender
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.status import PROGRESS_ENV, PROGRESS_PREFIX, exit_status

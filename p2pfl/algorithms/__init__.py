@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 from p2pfl.errors import ConfigError
 from p2pfl.plugins import is_reference, resolve
-from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Strategy
+from p2pfl.runtime.coordinator_half import CoordinatorEnv, CoordinatorHalf
+from p2pfl.runtime.strategy import Strategy
 
 ALGORITHMS: dict[str, type[Strategy]] = {}
 

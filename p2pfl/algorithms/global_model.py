@@ -29,7 +29,8 @@ import torch
 from p2pfl.core.influence import weighted_average
 from p2pfl.models import part_spec
 from p2pfl.runtime.metadata import STATS_META
-from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, PartDecl, Reply, Submission
+from p2pfl.runtime.coordinator_half import CoordinatorEnv, CoordinatorHalf, Reply, Submission
+from p2pfl.runtime.strategy import PartDecl
 from p2pfl.core.dia import (
     GA_DEFAULT_STEP,
     dia,

@@ -24,7 +24,8 @@ from p2pfl.audit.membership import ShadowAttack, loss_scores
 from p2pfl.audit.seat import Received, Seat
 from p2pfl.core.leakage import leakage
 from p2pfl.data.types import NodeData
-from p2pfl.runtime.run_folder import RunFolder, write_json_atomic
+from p2pfl.runtime.files import write_json_atomic
+from p2pfl.runtime.run_folder import RunFolder
 
 ATTACKED_PARTS = ("full", "body", "head")  # a model's parts; setup parts and statistics are not models
 

@@ -21,7 +21,8 @@ from p2pfl.data.types import NodeData
 from p2pfl.errors import ConfigError
 from p2pfl.models import SplitModel, build_model, load_part
 from p2pfl.runtime.node.kept import OWN_AGGREGATE
-from p2pfl.runtime.run_folder import RunFolder, read_records
+from p2pfl.runtime.files import read_records
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.scenario.schema import Scenario, load_scenario
 
 

@@ -39,7 +39,7 @@ from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.devices import host_snapshot, node_device, split_to_device, to_device
-from p2pfl.runtime.strategy import CoordinatorEnv, CoordinatorHalf, Reply, Submission
+from p2pfl.runtime.coordinator_half import CoordinatorEnv, CoordinatorHalf, Reply, Submission
 from p2pfl.runtime.transport import SETUP_PREFIX, Transport
 from p2pfl.scenario.carriers import build_carrier
 from p2pfl.scenario.schema import Scenario, load_scenario

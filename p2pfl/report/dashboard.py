@@ -30,7 +30,8 @@ from aiohttp import web
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import node_ids
-from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts, read_records
+from p2pfl.runtime.files import read_records
+from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts
 from p2pfl.runtime.timing import PHASES
 from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.scenario.membership import EVENTS as MEMBERSHIP_EVENTS

@@ -12,14 +12,10 @@ and round held up the threads that train (`python benchmarks/scale.py`).
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import functools
 import hashlib
 import json
 import math
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +23,16 @@ import blake3
 import numpy as np
 import torch
 
-from p2pfl.wire import NodeKey, Roster, WireError, WireLimits, encode_body, open_message, seal_frame
+from p2pfl.runtime.files import swap_path, write_swapped
+from p2pfl.wire import (
+    NodeKey,
+    Roster,
+    WireError,
+    WireLimits,
+    encode_body,
+    open_message,
+    seal_frame,
+)
 
 STATE_TENSOR = "__state__"
 # A checkpoint of a node whose model is still the one it was built with (it has sat out every
@@ -82,84 +87,6 @@ def save_checkpoint(path: Path, state: Mapping[str, torch.Tensor], *, key: NodeK
     write_swapped(path, frame.chunks, durable=durable)
 
 
-def write_swapped(path: Path, chunks: Sequence[bytes | memoryview], *, durable: bool) -> None:
-    """Replace the file at `path` by `chunks`, whole at every moment to a reader.
-
-    One writer per file at a time (a node, its checkpoint). The new content is written to a swap
-    file next to it and the two are exchanged in one step; the swap file then holds the previous
-    content, and the next write goes over it in place. Renamed over the file instead, every write
-    made a new inode and freed one (ext4's search for a free inode among those just freed was 6 %
-    of a 1000-node run's CPU, `perf record -a`); emptied after each exchange, every write freed
-    the file's blocks and page cache and allocated them again (`python benchmarks/checkpoint_write.py`)."""
-    swap = swap_path(path)
-    try:
-        fd = os.open(swap, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
-        try:
-            os.ftruncate(fd, _write_all(fd, chunks))  # what is left of a longer previous content
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        first = not path.exists()
-        if first or not _exchange(swap, path):  # the first write, or no renameat2 exchange
-            os.replace(swap, path)
-            if first and _renameat2() is not None:  # made now, so that the next write (in a round) makes no file
-                swap.touch(mode=0o600)  # as private as the file it will become
-    except BaseException:
-        swap.unlink(missing_ok=True)
-        raise
-
-
-def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> int:
-    """Write `chunks` one after another at `fd`'s offset; the bytes written. One `writev` call
-    for them all where the system has it (a file object wrote each chunk with a call of its
-    own: a checkpoint is a dozen buffers, one per tensor)."""
-    views = [view for view in (memoryview(chunk).cast("B") for chunk in chunks) if view.nbytes]
-    total = sum(view.nbytes for view in views)
-    writev = getattr(os, "writev", None)
-    while views:
-        done = writev(fd, views[:_IOV_MAX]) if writev is not None else os.write(fd, views[0])
-        if done <= 0:  # a file takes bytes or raises; never wait on one that does neither
-            raise OSError(errno.EIO, "a write to the checkpoint file took no bytes")
-        while views and done >= views[0].nbytes:  # a short write goes on where it stopped
-            done -= views[0].nbytes
-            views.pop(0)
-        if done:
-            views[0] = views[0][done:]
-    return total
-
-
-_IOV_MAX = 1024  # POSIX's least IOV_MAX on Linux and the BSDs
-
-
-_RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths atomically (Linux `renameat2(RENAME_EXCHANGE)`); False where the system or
-    the file system cannot, and nothing was changed."""
-    renameat2 = _renameat2()
-    if renameat2 is None:
-        return False
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
-        return False
-    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
-
-
-@functools.cache
-def _renameat2() -> Any:
-    try:
-        function = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # not glibc >= 2.28, or not Linux
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
 def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """BLAKE3 of the tensors' names, dtypes, shapes and values: whether two states are the same."""
     h = blake3.blake3()
@@ -187,11 +114,6 @@ def read_checkpoint(path: Path, *, node_id: str, public_hex: str) -> tuple[dict[
         which = "an earlier one" if round_ is None else f"round {round_}"
         raise CheckpointError(f"{exc}. The previous checkpoint ({which}) is intact in {swap}: `mv {swap} {path}` and "
                               "--resume again goes on from it") from None
-
-
-def swap_path(path: Path) -> Path:
-    """Where `write_swapped` keeps the previous content of `path`."""
-    return path.with_name(f".{path.name}.swap")
 
 
 def _read_checkpoint(path: Path, *, node_id: str, public_hex: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:

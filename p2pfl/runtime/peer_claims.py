@@ -45,7 +45,7 @@ in the round's record and goes on without that part.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -270,3 +270,24 @@ def capped_sizes(sizes: Sequence[int], max_weight_ratio: float) -> list[int]:
     total = sum(capped)
     # At most one member can hold more than half; held to half, the others keep their weights.
     return [min(n, total - n) for n in capped]
+
+
+DISTRUST_AFTER = 3  # rounds a neighbour answered before its conduct can have it dropped
+
+
+def newly_distrusted(conduct: dict[str, list[int]], answered: Iterable[str], refused: Iterable[str],
+                     factors: Mapping[str, float], distrusted: Collection[str]) -> list[tuple[str, tuple[int, int]]]:
+    """Count one gather into `conduct` (peer -> [rounds it answered, of them far over or refused]);
+    the peers not yet `distrusted` whose part lay FAR_BOUND_FACTOR or more times over the update
+    bound, or was refused, in most of the (at least DISTRUST_AFTER) rounds they answered, with
+    their counts. Pulled back, a colluding pair just under the refusal still cost FedAvg 6.5
+    points; honest parts lay at most 10.8 times over once (docs/security.md)."""
+    refused = set(refused)
+    found = []
+    for peer in sorted(set(answered) | refused):
+        seen = conduct.setdefault(peer, [0, 0])
+        seen[0] += 1
+        seen[1] += peer in refused or factors.get(peer, 0.0) >= FAR_BOUND_FACTOR
+        if seen[0] >= DISTRUST_AFTER and 2 * seen[1] > seen[0] and peer not in distrusted:
+            found.append((peer, (seen[0], seen[1])))
+    return found

@@ -18,19 +18,15 @@
 A compare folder holds one run folder per row and seed: COMPARE/<row slug>/seed<k>/, and
 COMPARE/compare.json listing the rows.
 
-A process may be killed at any byte. JSON files are written whole (temporary file, rename);
-JSON-lines files are appended a line per write, after a newline that ends whatever a killed
-writer left, and every reader (`read_records`) skips a line that is not a whole record.
+A process may be killed at any byte: every file here is written with `p2pfl.runtime.files`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2pfl.runtime.files import append_record, read_records, write_json_atomic
 from p2pfl.runtime.peers import COORDINATOR_ID
 
 ENTRIES = ("results.json", "scenario.json", "nodes", "logs", "artefacts", "checkpoints", "keys", "report", "pids.json",
@@ -139,89 +136,6 @@ class RunFolder:
 
     def write_result(self, node_id: str, result: Mapping[str, Any]) -> None:
         write_json_atomic(self.node_result(node_id), result)
-
-
-def write_json_atomic(path: Path, document: Any, indent: int | None = 1) -> None:
-    """`path` holds the old document or the new one, whenever the writer is killed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(document, indent=indent))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _open_for_records(path: Path) -> tuple[int, bytes]:
-    """An appending descriptor of `path`, and what the next line must start with: a newline
-    where a killed writer left its last line unfinished, so that it spoils only itself."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        return fd, b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def append_record(path: Path, record: Mapping[str, Any]) -> None:
-    """One JSON line, in one write (after ending a line a killed writer left unfinished)."""
-    fd, lead = _open_for_records(path)
-    try:
-        os.write(fd, lead + (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-class RecordAppender:
-    """`append_record` to one file that stays open between records: a worker of a thousand
-    nodes appends a round record per node and round, and opening the file each time was most of
-    the cost. The file is opened (made) at once, with the node, not by its first round's record:
-    a thousand files made in round 1 were a share of its CPU. Closed by `close` (and as a context
-    manager); appending after that opens it again."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None
-        self._fd, self._lead = _open_for_records(path)
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        if self._fd is None:
-            self._fd, self._lead = _open_for_records(self.path)
-        os.write(self._fd, self._lead + (json.dumps(record) + "\n").encode())
-        self._lead = b""
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> RecordAppender:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def read_records(path: Path, required: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
-    """The whole records of a JSON-lines file: lines that parse as an object with `required`
-    keys; a half-written line (a killed writer, or one being written now) is skipped."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and all(k in record for k in required):
-            yield record
 
 
 def row_slug(label: str) -> str:

@@ -29,6 +29,7 @@ from p2pfl.training.trainer import FitResult, LocalTrainer
 
 if TYPE_CHECKING:
     from p2pfl.data import NodeData
+    from p2pfl.runtime.coordinator_half import CoordinatorHalf
 
 
 TensorSpec = dict[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype) a part must have
@@ -153,7 +154,7 @@ class Strategy:
 
     name: ClassVar[str] = ""
     # The algorithm's coordinator half, for algorithms with a global step; None: peer to peer only.
-    coordinator: ClassVar[type["CoordinatorHalf"] | None] = None
+    coordinator: ClassVar[type[CoordinatorHalf] | None] = None
     # Parts this node serves to peers once per round (encoded once, served many times).
     shared_parts: ClassVar[tuple[str, ...]] = ("full", "body", "head")
     # True: the runtime hands each peer part to `fold` the moment it arrives and keeps none of
@@ -239,76 +240,3 @@ class Strategy:
 
     def aggregate(self, ctx: RoundContext, arrived: list[PeerModel]) -> None:
         """Update `ctx.model` in place from what arrived (may be fewer than requested)."""
-
-
-# ---- the coordinator half ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Submission:
-    """What one node pushed to the coordinator (one kind, one round or the setup)."""
-
-    node_id: str
-    state: dict[str, torch.Tensor]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Reply:
-    """The coordinator's answer to a round (or to the setup exchange).
-
-    `parts` are served to every node, `addressed` (part -> node -> tensors) each to its node
-    only; `model` is the new global model when the algorithm has one (the coordinator scores
-    it on the held-out domain and checkpoints it); `info` goes into the coordinator's record."""
-
-    parts: dict[str, dict[str, torch.Tensor]]
-    meta: dict[str, Any] = field(default_factory=dict)
-    addressed: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=dict)
-    model: dict[str, torch.Tensor] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CoordinatorEnv:
-    """What a coordinator half may know of the run: the nodes' model (same initialisation), sizes, seed,
-    and the device the coordinator computes on (the scenario's `device`, as node 0 gets it)."""
-
-    model: SplitModel
-    rounds: int
-    seed: int
-    num_classes: int
-    nodes: tuple[str, ...]
-    device: torch.device = torch.device("cpu")
-
-
-class CoordinatorHalf:
-    """The coordinator side of an algorithm: pure (no HTTP, no files); the service moves bytes.
-
-    A half declares which kind nodes push in the setup exchange (`setup_kind`, answered once
-    by `setup`) and every round (`round_kind`, answered by `aggregate`), and what each kind
-    must look like (`expected`). Parameters are keyword arguments of `__init__` after `env`,
-    validated with the strategy's own."""
-
-    setup_kind: ClassVar[str | None] = None
-    round_kind: ClassVar[str | None] = None
-
-    def __init__(self, env: CoordinatorEnv) -> None:
-        self.env = env
-
-    def expected(self, kind: str) -> PartDecl | None:
-        """The spec and schema of a push of `kind`; None: this half takes no such push."""
-        return None
-
-    def setup(self, submissions: list[Submission]) -> Reply:
-        raise NotImplementedError(f"{type(self).__name__} declares a setup kind but no setup")
-
-    def aggregate(self, round_: int, submissions: list[Submission]) -> Reply:
-        raise NotImplementedError(f"{type(self).__name__} declares a round kind but no aggregate")
-
-    def state_dict(self) -> dict[str, Any]:
-        """What the half keeps across rounds (JSON-able), for the coordinator's checkpoints."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} keeps no state across rounds, got {sorted(state)}")

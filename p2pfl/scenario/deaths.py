@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from p2pfl.runtime.run_folder import RunFolder, read_records, write_json_atomic
+from p2pfl.runtime.files import read_records, write_json_atomic
+from p2pfl.runtime.run_folder import RunFolder
 
 STOPPED_CODES = (-int(signal.SIGTERM), 130)  # stopped by the launcher or the terminal: a stop, not a death
 

@@ -28,7 +28,8 @@ from p2pfl.models import build_model
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.peers import PeerInfo
 from p2pfl.runtime.roster import ROSTER_FILE, load_roster, write_roster
-from p2pfl.runtime.run_folder import RunFolder, read_records
+from p2pfl.runtime.files import read_records
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint

@@ -17,7 +17,8 @@ from p2pfl.scenario.deaths import read_death
 from p2pfl.scenario.membership import has_churn, membership_timeline
 from p2pfl.runtime.peer_claims import FAR_BOUND_FACTOR
 from p2pfl.scenario.trust import run_trust
-from p2pfl.runtime.run_folder import RunFolder, load_artefacts, read_records, write_json_atomic
+from p2pfl.runtime.files import read_records, write_json_atomic
+from p2pfl.runtime.run_folder import RunFolder, load_artefacts
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.timing import compute_fraction

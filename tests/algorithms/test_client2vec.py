@@ -143,7 +143,7 @@ def test_the_scenario_refuses_the_global_strategy_under_dp_sgd() -> None:
 
 def test_the_coordinator_half_trains_on_finite_batches_and_drops_the_rest() -> None:
     from p2pfl.algorithms.client2vec import Client2VecHalf
-    from p2pfl.runtime.strategy import CoordinatorEnv, Submission
+    from p2pfl.runtime.coordinator_half import CoordinatorEnv, Submission
 
     env = CoordinatorEnv(model=cnn(1, 8, CLASSES), rounds=1, seed=0, num_classes=CLASSES, nodes=("a", "b"))
     half = Client2VecHalf(env, embed_dim=16, d_model=8, heads=2, layers=1, ff_dim=16, index_epochs=1)
@@ -161,7 +161,7 @@ def test_the_coordinator_half_trains_on_finite_batches_and_drops_the_rest() -> N
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_coordinator_trains_dsa_ign_on_its_device_and_answers_with_host_tensors() -> None:
     from p2pfl.algorithms.client2vec import Client2VecHalf
-    from p2pfl.runtime.strategy import CoordinatorEnv, Submission
+    from p2pfl.runtime.coordinator_half import CoordinatorEnv, Submission
 
     g = torch.Generator().manual_seed(0)
     batch = Submission("a", {"d": torch.randn(128, 16, generator=g), "l": torch.randn(128, 16, generator=g)}, {"n_train": 200})
@@ -283,7 +283,7 @@ def test_a_small_node_uploads_every_pair_and_the_coordinator_trains_on_each_once
 
     from p2pfl.algorithms.client2vec import Client2VecHalf
     from p2pfl.algorithms.client2vec.index import BATCH, distinct_pairs, upload_rows
-    from p2pfl.runtime.strategy import CoordinatorEnv, Submission
+    from p2pfl.runtime.coordinator_half import CoordinatorEnv, Submission
 
     rng = np.random.default_rng(0)
     full = upload_rows(500, rng)

@@ -17,16 +17,8 @@ from p2pfl.algorithms.global_model import DIHalf, FedAvgGlobalHalf, GAHalf
 from p2pfl.core.dia import dia_weights, influence_distribution
 from p2pfl.errors import ConfigError
 from p2pfl.models import cnn, load_part, part_state
-from p2pfl.runtime.strategy import (
-    COORDINATOR_ID,
-    ArtefactSink,
-    CoordinatorEnv,
-    Fetch,
-    PeerModel,
-    Reply,
-    RoundContext,
-    Submission,
-)
+from p2pfl.runtime.coordinator_half import CoordinatorEnv, Reply, Submission
+from p2pfl.runtime.strategy import COORDINATOR_ID, ArtefactSink, Fetch, PeerModel, RoundContext
 from p2pfl.training import LocalTrainer, TrainConfig
 
 CLASSES = 3

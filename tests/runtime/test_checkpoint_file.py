@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pfl.runtime import checkpoint
+from p2pfl.runtime import files
 from p2pfl.runtime.checkpoint import read_checkpoint, save_checkpoint
 from p2pfl.wire import NodeKey
 
@@ -28,15 +28,15 @@ def _read(path: Path, key: NodeKey) -> tuple[float, int]:
 @pytest.mark.parametrize("exchange", [True, False])
 def test_each_write_replaces_the_checkpoint_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool) -> None:
     if not exchange:  # a system without renameat2's exchange: renamed over, as before
-        monkeypatch.setattr(checkpoint, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
     key, path = NodeKey.generate(), tmp_path / "checkpoints" / "node-0.p2pfl"
     swap = path.with_name(".node-0.p2pfl.swap")
     for r in range(1, 4):
         _save(path, key, float(r), r)
         assert _read(path, key) == (float(r), r)
-        if r == 1 and exchange and checkpoint._renameat2() is not None:
+        if r == 1 and exchange and files._renameat2() is not None:
             assert swap.stat().st_size == 0  # made with the first checkpoint: the next write makes no file
-    if exchange and checkpoint._renameat2() is not None:
+    if exchange and files._renameat2() is not None:
         assert _read(swap, key) == (2.0, 2)  # the previous checkpoint: the next write goes over it in place
         inode = swap.stat().st_ino
         _save(path, key, 4.0, 4)
@@ -66,7 +66,7 @@ def test_a_write_that_fails_halfway_leaves_the_last_checkpoint(tmp_path: Path, m
         real_write(fd, bytes(buffers[0])[:10])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint.os, "writev", full_disk)
+    monkeypatch.setattr(files.os, "writev", full_disk)
     with pytest.raises(OSError, match="No space"):
         _save(path, key, 3.0, 3)
     monkeypatch.undo()
@@ -105,10 +105,10 @@ def test_short_writes_go_on_where_they_stopped(tmp_path: Path, monkeypatch: pyte
         calls.append(len(buffers))
         return real_write(fd, bytes(buffers[0])[:7])
 
-    monkeypatch.setattr(checkpoint.os, "writev", a_few_bytes)
+    monkeypatch.setattr(files.os, "writev", a_few_bytes)
     _save(path, key, 5.0, 5)
     assert len(calls) > 10 and _read(path, key) == (5.0, 5)
-    monkeypatch.delattr(checkpoint.os, "writev")  # a system without writev: one write per buffer
+    monkeypatch.delattr(files.os, "writev")  # a system without writev: one write per buffer
     _save(path, key, 6.0, 6)
     assert _read(path, key) == (6.0, 6)
 
@@ -116,7 +116,7 @@ def test_short_writes_go_on_where_they_stopped(tmp_path: Path, monkeypatch: pyte
 def test_a_write_that_takes_no_bytes_fails_instead_of_spinning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key, path = NodeKey.generate(), tmp_path / "node-0.p2pfl"
     _save(path, key, 1.0, 1)
-    monkeypatch.setattr(checkpoint.os, "writev", lambda fd, buffers: 0)
+    monkeypatch.setattr(files.os, "writev", lambda fd, buffers: 0)
     with pytest.raises(OSError, match="took no bytes"):
         _save(path, key, 2.0, 2)
     monkeypatch.undo()

@@ -18,7 +18,8 @@ from p2pfl.models import part_state
 from p2pfl.runtime.checkpoint import read_checkpoint, save_checkpoint
 from p2pfl.runtime.peer_claims import (ClaimRefused, DeclaredSizes, capped_size, capped_sizes, check_magnitude,
                                        part_norm)
-from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, Submission
+from p2pfl.runtime.coordinator_half import Submission
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch
 from p2pfl.wire import NodeKey, Roster, encode, open_message
 from p2pfl.runtime.node.intake import RoundChecks
 

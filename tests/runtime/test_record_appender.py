@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.runtime import run_folder
-from p2pfl.runtime.run_folder import RecordAppender, append_record, read_records
+from p2pfl.runtime import files
+from p2pfl.runtime.files import RecordAppender, append_record, read_records
 
 
 def test_an_appender_writes_what_append_record_writes_and_opens_the_file_once(tmp_path: Path,
@@ -20,7 +20,7 @@ def test_an_appender_writes_what_append_record_writes_and_opens_the_file_once(tm
         path.write_text('{"round": 0}\n{"round": 1, "te')
     opened: list[str] = []
     real_open = os.open
-    monkeypatch.setattr(run_folder.os, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
+    monkeypatch.setattr(files.os, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
     for record in records:
         append_record(by_function, record)
     with RecordAppender(by_appender) as appender:

@@ -18,7 +18,8 @@ import torch
 
 from p2pfl.assembly import assemble_node
 from p2pfl.runtime.status import PROGRESS_PREFIX
-from p2pfl.runtime.checkpoint import CheckpointError, swap_path
+from p2pfl.runtime.checkpoint import CheckpointError
+from p2pfl.runtime.files import swap_path
 from p2pfl.runtime.node import Node, RoundRecord, Stage
 from p2pfl.runtime.node.round import Round
 from p2pfl.runtime.safeguard import LocalSafeguard

@@ -24,18 +24,8 @@ from p2pfl.core.influence import weighted_average
 from p2pfl.models.encoders import build_image_encoder, build_label_encoder, encode_images
 from p2pfl.models import SplitModel, part_spec
 from p2pfl.runtime.metadata import MAX_SAMPLES, MetaField
-from p2pfl.runtime.strategy import (
-    COORDINATOR_ID,
-    CoordinatorEnv,
-    CoordinatorHalf,
-    Fetch,
-    PartDecl,
-    Push,
-    Reply,
-    RoundContext,
-    Submission,
-    setup_part,
-)
+from p2pfl.runtime.coordinator_half import CoordinatorEnv, CoordinatorHalf, Reply, Submission
+from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch, PartDecl, Push, RoundContext, setup_part
 
 BATCH = 128  # the paper's upload: one batch of (D, L) pairs per node
 N_TRAIN_META = {"n_train": MetaField("int", 1, MAX_SAMPLES, required=True)}

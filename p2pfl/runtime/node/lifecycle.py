@@ -9,8 +9,8 @@ Training runs in a worker thread so that the server keeps answering peers meanwh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -27,7 +27,7 @@ from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.membership import Membership
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
-from p2pfl.runtime.node.records import Stage, end_status, final_accuracies, rounds_alone
+from p2pfl.runtime.node.records import Stage, end_status, node_result
 from p2pfl.runtime.node.round import Round, RoundKit
 from p2pfl.runtime.node.scoring import Scorer
 from p2pfl.runtime.node.state import NodeState
@@ -218,72 +218,67 @@ class Node:
         # A late joiner serves from the start: nobody asks it before its round (the schedule's joins
         # are known), and a neighbour's read in its round waits for its version instead of being refused.
         late = (script.late and self.arrival == "fresh") or self.arrival == "join"
-        await transport.start(cfg.host, cfg.port)
-        started = time.perf_counter()
-        status, error, goodbye, resume_failed = "ok", None, "", False
-        first, silent = 1, set[str]()  # the first round to run; the awaited peers not up when it started
-        try:
-            for companion in self.parts.companions:
-                await companion.start(self)
-            self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port,
-                          len(transport.peers) - (cfg.coordinator is not None), sc.algorithm)
-            if self.arrival == "resume":  # before the start wait: a missing or foreign checkpoint is an error now
-                first = await asyncio.to_thread(self.restore) + 1
-                self.state.restarts.append({"after_round": first - 1, "at": time.time()})
-            if late:
-                first = await self.membership.arrive(script, self.arrival == "join", started)
-                self.ctx.round = first - 1
-                self._skip_draws(1, first)
-            else:
-                # Not a barrier: a node starts once its peers are up or start_wait_s has passed, so
-                # that peers still starting (importing torch) do not slow its first round.
-                awaited = set(self.neighbours.asked) - self.parts.joins_late
-                if cfg.coordinator is not None:
-                    awaited.add(COORDINATOR_ID)
-                silent = await transport.wait_until_up(awaited, sc.start_wait_s)
-                if silent:
-                    self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
-            if self.arrival == "resume":
-                await self.exchange.republish(self.ctx.round)
-            if self.rejoins:
-                first = await self.membership.rejoin(first - 1)
-                self._skip_draws(self.ctx.round + 1, first)
-            if self.stage < Stage.SET_UP:  # else restored from a checkpoint taken after it
-                await self._set_up(late)
-            status = await self._rounds(first, started)
-            if status == "budget_exhausted":
-                goodbye = f"privacy budget exhausted before round {self.ctx.round + 1}"
-            elif status == "left":
-                goodbye = f"left before round {self.membership.events[-1]['round']}"
-            elif self.stop_with is not None and status == self.stop_with[0]:
-                error = goodbye = self.stop_with[1]
-            status = end_status(status, self.state.rounds, self.log)
-        except asyncio.CancelledError:
-            # The process is going down (SIGTERM, a node beside it could not listen): no sockets
-            # left open, the companions' (a federation's gossip session) included.
-            for companion in self.parts.companions:
-                await companion.stop()
-            await transport.close()
-            raise
-        except CheckpointError as exc:  # --resume with no usable checkpoint: the reason, no traceback
-            status, error, resume_failed = "failed", str(exc), True
-            goodbye = f"cannot resume: {exc}"
-            self.log.error("cannot resume: %s", exc)
-        except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
-            status = "failed"
-            error = "".join(traceback.format_exception(exc))
-            goodbye = f"failed in round {self.ctx.round}: {exc!r}"
-            self.log.error("node failed:\n%s", error)
-        self.stage = Stage.DONE
-        # Resumed after its last round, it asked nobody: a silent neighbour is one still starting,
-        # which will replay rounds this node serves.
-        not_up_yet = silent - self.neighbours.departed if first > sc.rounds else set()
-        await self.membership.end(status, goodbye, self.ctx.round + 1, cfg.coordinator is not None, not_up_yet)
-        for companion in self.parts.companions:
-            await companion.stop()
-        # Closed before the result is taken, so that every message the node answered (and
+        # What the node opens is closed on every path, cancellation (SIGTERM, a node beside it
+        # that could not listen) included: the companions (a federation's gossip session), then
+        # the carrier, before the result is taken, so that every message the node answered (and
         # every rejection) is in it.
-        await transport.close()
+        async with contextlib.AsyncExitStack() as opened:
+            await transport.start(cfg.host, cfg.port)
+            opened.push_async_callback(transport.close)
+            started = time.perf_counter()
+            status, error, goodbye, resume_failed = "ok", None, "", False
+            first, silent = 1, set[str]()  # the first round to run; the awaited peers not up when it started
+            try:
+                for companion in self.parts.companions:
+                    await companion.start(self)
+                    opened.push_async_callback(companion.stop)
+                self.log.info("listening on %s:%d with %d peers, algorithm %s", cfg.host, cfg.port,
+                              len(transport.peers) - (cfg.coordinator is not None), sc.algorithm)
+                if self.arrival == "resume":  # before the start wait: a missing or foreign checkpoint is an error now
+                    first = await asyncio.to_thread(self.restore) + 1
+                    self.state.restarts.append({"after_round": first - 1, "at": time.time()})
+                if late:
+                    first = await self.membership.arrive(script, self.arrival == "join", started)
+                    self.ctx.round = first - 1
+                    self._skip_draws(1, first)
+                else:
+                    # Not a barrier: a node starts once its peers are up or start_wait_s has passed, so
+                    # that peers still starting (importing torch) do not slow its first round.
+                    awaited = set(self.neighbours.asked) - self.parts.joins_late
+                    if cfg.coordinator is not None:
+                        awaited.add(COORDINATOR_ID)
+                    silent = await transport.wait_until_up(awaited, sc.start_wait_s)
+                    if silent:
+                        self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
+                if self.arrival == "resume":
+                    await self.exchange.republish(self.ctx.round)
+                if self.rejoins:
+                    first = await self.membership.rejoin(first - 1)
+                    self._skip_draws(self.ctx.round + 1, first)
+                if self.stage < Stage.SET_UP:  # else restored from a checkpoint taken after it
+                    await self._set_up(late)
+                status = await self._rounds(first, started)
+                if status == "budget_exhausted":
+                    goodbye = f"privacy budget exhausted before round {self.ctx.round + 1}"
+                elif status == "left":
+                    goodbye = f"left before round {self.membership.events[-1]['round']}"
+                elif self.stop_with is not None and status == self.stop_with[0]:
+                    error = goodbye = self.stop_with[1]
+                status = end_status(status, self.state.rounds, self.log)
+            except CheckpointError as exc:  # --resume with no usable checkpoint: the reason, no traceback
+                status, error, resume_failed = "failed", str(exc), True
+                goodbye = f"cannot resume: {exc}"
+                self.log.error("cannot resume: %s", exc)
+            except Exception as exc:  # a failing node reports why and exits non-zero; peers carry on
+                status = "failed"
+                error = "".join(traceback.format_exception(exc))
+                goodbye = f"failed in round {self.ctx.round}: {exc!r}"
+                self.log.error("node failed:\n%s", error)
+            self.stage = Stage.DONE
+            # Resumed after its last round, it asked nobody: a silent neighbour is one still starting,
+            # which will replay rounds this node serves.
+            not_up_yet = silent - self.neighbours.departed if first > sc.rounds else set()
+            await self.membership.end(status, goodbye, self.ctx.round + 1, cfg.coordinator is not None, not_up_yet)
         result = self.result(status, error, time.perf_counter() - started)
         result["checkpoint"] = str(self.state.path)
         if status != "crashed" and not resume_failed and (status != "failed" or not self.state.path.exists()):
@@ -296,18 +291,9 @@ class Node:
         return result
 
     def result(self, status: str, error: str | None, wall_s: float) -> dict[str, Any]:
-        rounds, data, transport = self.state.rounds, self.parts.data, self.parts.transport
-        last = rounds[-1] if rounds else {}
-        after_training, aggregated = final_accuracies(rounds)
-        return {
-            "id": self.config.id, "index": self.config.index, "status": status, "error": error,
-            "domain": data.domain, "device": str(self.parts.device), "pid": os.getpid(),
-            "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test),
-            "rounds": rounds, "setup": self.state.setup_record,
-            "final_test_acc": after_training, "final_test_acc_aggregated": aggregated,
-            "final_epsilon": last.get("epsilon"), "rounds_alone": rounds_alone(rounds),
-            "restarts": self.state.restarts, "membership": self.membership.events,
-            "totals": self.parts.counter.totals(),
-            "rejected": transport.rejections.summary(), "wall_s": wall_s,
-            **{companion.name: companion.summary() for companion in self.parts.companions},
-        }
+        parts = self.parts
+        return node_result(self.config.id, self.config.index, status, error, wall_s, data=parts.data,
+                           device=str(parts.device), rounds=self.state.rounds, setup=self.state.setup_record,
+                           restarts=self.state.restarts, membership=self.membership.events,
+                           totals=parts.counter.totals(), rejected=parts.transport.rejections.summary(),
+                           companions={companion.name: companion.summary() for companion in parts.companions})

@@ -31,12 +31,11 @@ import numpy as np
 
 from p2pfl.runtime.metadata import MAX_NEWS
 from p2pfl.runtime.participation import version_to_ask
-from p2pfl.runtime.peer_claims import FAR_BOUND_FACTOR, DeclaredSizes
+from p2pfl.runtime.peer_claims import DeclaredSizes, newly_distrusted
 from p2pfl.runtime.statements import ROUND_SLACK, Statement
 from p2pfl.runtime.strategy import Fetch
 
 WARN_EVERY = 5  # rounds between two warnings about the same silent peer
-DISTRUST_AFTER = 3  # rounds a neighbour answered before its conduct can have it dropped
 GOSSIP_ROUNDS = 3  # rounds a node passes on what it learned: a neighbour's neighbours hear it within them
 
 
@@ -139,22 +138,15 @@ class Neighbours:
         self.asked = tuple(sorted(asked))
 
     def judge(self, answered: Iterable[str], refused: Iterable[str], factors: Mapping[str, float], round_: int) -> None:
-        """One gather's conduct: a neighbour whose part lay FAR_BOUND_FACTOR or more times over the
-        update bound, or was refused, in most of the (at least DISTRUST_AFTER) rounds it answered
-        is asked no more and replaced: pulled back, a colluding pair just under the refusal still
-        cost FedAvg 6.5 points. Honest parts lay at most 10.8 times over once (docs/security.md)."""
-        refused = set(refused)
-        for peer in sorted(set(answered) | refused):
-            seen = self.conduct.setdefault(peer, [0, 0])
-            seen[0] += 1
-            seen[1] += peer in refused or factors.get(peer, 0.0) >= FAR_BOUND_FACTOR
-            if seen[0] >= DISTRUST_AFTER and 2 * seen[1] > seen[0] and peer not in self.distrusted:
-                self.distrusted.add(peer)
-                self.log.warning("round %d: %s sent parts far over the bound or refused in %d of %d rounds; "
-                                 "asked no more", round_, peer, seen[1], seen[0])
-                if peer in self.asked:
-                    self._note(round_, "distrusted", peer)
-                    self._replace(peer, round_)
+        """One gather's conduct (`peer_claims.newly_distrusted`): a neighbour far over the bound or
+        refused in most of the rounds it answered is asked no more and replaced."""
+        for peer, (rounds, bad) in newly_distrusted(self.conduct, answered, refused, factors, self.distrusted):
+            self.distrusted.add(peer)
+            self.log.warning("round %d: %s sent parts far over the bound or refused in %d of %d rounds; "
+                             "asked no more", round_, peer, bad, rounds)
+            if peer in self.asked:
+                self._note(round_, "distrusted", peer)
+                self._replace(peer, round_)
 
     def admit(self, member: str, from_round: int, rounds: int, beyond_target: bool = False) -> bool:
         """A member admitted while this node runs (a federation's newcomer, or one found at the

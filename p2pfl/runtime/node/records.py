@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,3 +170,21 @@ def end_status(status: str, rounds: Sequence[Mapping[str, Any]], log: logging.Lo
                     "connections, a network down); the run went on with its own model", rounds_alone(rounds))
         return "degraded"
     return status
+
+
+def node_result(node_id: str, index: int, status: str, error: str | None, wall_s: float, *, data: Any, device: str,
+                rounds: list[dict[str, Any]], setup: dict[str, Any] | None, restarts: list[dict[str, Any]],
+                membership: list[dict[str, Any]], totals: Mapping[str, int], rejected: Any,
+                companions: Mapping[str, Any]) -> dict[str, Any]:
+    """What a node reports when it ends (`RunFolder.node_result`, results.json's `nodes`)."""
+    after_training, aggregated = final_accuracies(rounds)
+    return {
+        "id": node_id, "index": index, "status": status, "error": error,
+        "domain": data.domain, "device": device, "pid": os.getpid(),
+        "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test),
+        "rounds": rounds, "setup": setup,
+        "final_test_acc": after_training, "final_test_acc_aggregated": aggregated,
+        "final_epsilon": rounds[-1].get("epsilon") if rounds else None, "rounds_alone": rounds_alone(rounds),
+        "restarts": restarts, "membership": membership, "totals": dict(totals), "rejected": rejected,
+        "wall_s": wall_s, **companions,
+    }

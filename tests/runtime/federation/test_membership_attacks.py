@@ -162,7 +162,7 @@ def test_refused_parts_are_judged_by_the_conduct_rule_not_taken_for_silence(tmp_
     """Before, a refused part counted as silence too: two refusals in a row had the neighbour
     "suspected" and replaced in round 2, before the documented rule (far over the bound or refused
     in most of at least DISTRUST_AFTER = 3 rounds). Now it is asked in rounds 1-3 and dropped in 3."""
-    from p2pfl.runtime.node.neighbours import DISTRUST_AFTER
+    from p2pfl.runtime.peer_claims import DISTRUST_AFTER
 
     from ..helpers import build_in_process, run_in_process, write_tiny
 
