@@ -33,14 +33,13 @@ def merge_node_results(folder: Path) -> bool:
     would have written; False when the folder holds no such files."""
     from p2pfl.data import build_partition
     from p2pfl.scenario.results import write_results
-    from p2pfl.scenario.migrations import upgrade
-    from p2pfl.scenario.schema import scenario_from_dict
+    from p2pfl.scenario.schema import as_today, scenario_from_dict
 
     run = RunFolder(folder)
     results = sorted((folder / "nodes").glob("*.result.json"))
     if not run.scenario.is_file() or not results:
         return False
-    scenario = scenario_from_dict(upgrade(json.loads(run.scenario.read_text())), source=str(run.scenario))
+    scenario = scenario_from_dict(as_today(json.loads(run.scenario.read_text())), source=str(run.scenario))
     walls = [json.loads(p.read_text()).get("wall_s", 0.0) for p in results]
     partition = build_partition(scenario.data, scenario.nodes, scenario.seed, only=[])
     write_results(scenario, folder, {}, max(walls), partition.ground_truth(), ids=run.ids_here(node_ids(scenario.nodes)))

@@ -5,14 +5,12 @@ no HTTP, no files; `p2pfl.coordinator` moves the bytes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from p2pfl.models import SplitModel
-
-if TYPE_CHECKING:
-    from p2pfl.runtime.strategy import PartDecl
+from p2pfl.runtime.strategy import PartDecl
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from p2pfl.training.trainer import FitResult, LocalTrainer
 
 if TYPE_CHECKING:
     from p2pfl.data import NodeData
-    from p2pfl.runtime.coordinator_half import CoordinatorHalf
 
 
 TensorSpec = dict[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype) a part must have
@@ -154,7 +153,7 @@ class Strategy:
 
     name: ClassVar[str] = ""
     # The algorithm's coordinator half, for algorithms with a global step; None: peer to peer only.
-    coordinator: ClassVar[type[CoordinatorHalf] | None] = None
+    coordinator: ClassVar[type | None] = None  # its CoordinatorHalf subclass (runtime/coordinator_half.py)
     # Parts this node serves to peers once per round (encoded once, served many times).
     shared_parts: ClassVar[tuple[str, ...]] = ("full", "body", "head")
     # True: the runtime hands each peer part to `fold` the moment it arrives and keeps none of

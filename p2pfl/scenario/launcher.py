@@ -39,8 +39,7 @@ from p2pfl.hosting.ports import free_ports
 from p2pfl.hosting.process import reap, spawn
 from p2pfl.scenario.deaths import Deaths
 from p2pfl.scenario.results import ENDED_BADLY, STOPPED, failure_lines, format_summary, write_results
-from p2pfl.scenario.migrations import upgrade
-from p2pfl.scenario.schema import (Scenario, apply_overrides, load_scenario, read_raw, scenario_differences,
+from p2pfl.scenario.schema import (Scenario, as_today, apply_overrides, load_scenario, read_raw, scenario_differences,
                                    scenario_from_dict)
 from p2pfl.runtime.settings import DEPLOYED_DEFENCES
 from p2pfl.wire import NodeKey
@@ -231,7 +230,7 @@ def run_scenario(path: str | Path, out: str | Path, overrides: Sequence[str] = (
     stored = RunFolder(Path(out)).scenario
     if resume and stored.is_file():
         from_file = scenario
-        scenario = scenario_from_dict(apply_overrides(upgrade(json.loads(stored.read_text())), overrides),
+        scenario = scenario_from_dict(apply_overrides(as_today(json.loads(stored.read_text())), overrides),
                                       source=str(stored))
         changed = scenario_differences(scenario.to_dict(), from_file)
         if changed and not quiet:

@@ -18,7 +18,7 @@ Two kinds of rule turn an older scenario into today's:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from p2pfl.errors import ConfigError
@@ -60,29 +60,26 @@ def format_of(stored: Mapping[str, Any]) -> int:
     return number
 
 
-def upgrade(stored: Mapping[str, Any]) -> dict[str, Any]:
+def upgrade(stored: Mapping[str, Any], runtime_absent: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of `stored` in today's format: every step from its format on, then each absent runtime
-    field set to what its absence meant (`runtime_absent`). Fields nobody can know stay absent."""
-    from p2pfl.scenario.schema import runtime_absent
-
+    field set to what its absence meant (`runtime_absent`, as the fields declare it:
+    `p2pfl.scenario.schema.as_today`). Fields nobody can know stay absent."""
     out = json.loads(json.dumps(stored))
     for number in range(format_of(out), FORMAT):
         out = STEPS[number](out)
     runtime = out.get("runtime")
     if isinstance(runtime, dict):
-        for name, meant in runtime_absent().items():
+        for name, meant in runtime_absent.items():
             runtime.setdefault(name, meant)
     if out:
         out["format"] = FORMAT
     return out
 
 
-def unrecorded(stored: Mapping[str, Any]) -> list[str]:
+def unrecorded(stored: Mapping[str, Any], runtime_fields: Iterable[str]) -> list[str]:
     """The dotted runtime fields an upgraded scenario lacks: made before they were stored, and
     declared without a meaning for their absence."""
-    from p2pfl.scenario.schema import runtime_fields
-
     runtime = stored.get("runtime")
     if not isinstance(runtime, Mapping):
         return []
-    return [f"runtime.{name}" for name in runtime_fields() if name not in runtime]
+    return [f"runtime.{name}" for name in runtime_fields if name not in runtime]

@@ -396,9 +396,10 @@ def human_bytes(n: float) -> str:
 def active_defences(scenario: Mapping[str, Any]) -> list[str]:
     """The runtime defences that change what an honest run computes, as on in this (resolved,
     stored) scenario: what a row named "fedavg" ran besides FedAvg."""
-    from p2pfl.scenario.migrations import WEIGHT_CAP_BEFORE_RECORDED, upgrade
+    from p2pfl.scenario.migrations import WEIGHT_CAP_BEFORE_RECORDED
+    from p2pfl.scenario.schema import as_today
 
-    runtime = upgrade(scenario).get("runtime") or {}
+    runtime = as_today(scenario).get("runtime") or {}
     on = []
     if runtime.get("update_bound"):
         on.append(f"bound {runtime['update_bound']:g}")

@@ -269,6 +269,11 @@ def runtime_absent() -> dict[str, Any]:
     return {f.name: f.metadata["absent"] for f in dataclasses.fields(RuntimeSpec) if "absent" in f.metadata}
 
 
+def as_today(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored resolved scenario of any format, in today's (`p2pfl.scenario.migrations`)."""
+    return upgrade(stored, runtime_absent())
+
+
 def settings_for(runtime: RuntimeSpec, reader: str) -> dict[str, Any]:
     """The runtime fields declared to feed `reader`, by name, as its settings object takes them."""
     return {f.name: getattr(runtime, f.name) for f in dataclasses.fields(RuntimeSpec) if reader in f.metadata["feeds"]}
@@ -323,8 +328,8 @@ def scenario_differences(stored: Mapping[str, Any], scenario: Scenario) -> list[
     """Dotted fields in which a stored resolved scenario (a run's `scenario.json` or results'
     `scenario`), read in today's format, differs from `scenario`; empty when the run was made from
     this scenario. A field the stored run never recorded is named as such first."""
-    stored = upgrade(stored)
-    unknown = unrecorded(stored)
+    stored = as_today(stored)
+    unknown = unrecorded(stored, runtime_fields())
 
     def walk(a: Any, b: Any, prefix: str) -> list[str]:
         if isinstance(a, Mapping) and isinstance(b, Mapping):
@@ -500,6 +505,6 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     raw = read_raw(path)
     written_as = None
     if str(path).endswith(".json") and format_of(raw) < FORMAT:  # a run folder of an older format
-        raw, written_as = upgrade(raw), raw
+        raw, written_as = as_today(raw), raw
     scenario = scenario_from_dict(apply_overrides(raw, overrides), source=str(path))
     return dataclasses.replace(scenario, written_as=written_as) if written_as is not None and not overrides else scenario

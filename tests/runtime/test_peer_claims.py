@@ -181,15 +181,14 @@ def test_a_claimed_billion_samples_cannot_set_the_global_model(tmp_path: Path) -
 
 def test_claim_bounds_are_scenario_fields_with_clear_errors(tmp_path: Path) -> None:
     from p2pfl.errors import ConfigError
-    from p2pfl.scenario.migrations import upgrade
-    from p2pfl.scenario.schema import scenario_from_dict
+    from p2pfl.scenario.schema import as_today, scenario_from_dict
 
     with pytest.raises(ConfigError, match=r"runtime.max_weight_ratio: must be 0 \(no cap.*or a finite number >= 1"):
         scenario_from_dict({"runtime": {"max_weight_ratio": 0.5}})
     assert scenario_from_dict({"runtime": {"max_weight_ratio": 0}}).to_dict()["runtime"]["max_weight_ratio"] == 0
     assert scenario_from_dict({}).to_dict()["runtime"]["max_weight_ratio"] == 0  # recorded at its default too
     before = {k: v for k, v in scenario_from_dict({}).to_dict()["runtime"].items() if k != "max_norm_ratio"}
-    assert scenario_from_dict(upgrade({"runtime": before})).runtime.max_norm_ratio == 1000.0  # old run folders still match
+    assert scenario_from_dict(as_today({"runtime": before})).runtime.max_norm_ratio == 1000.0  # old run folders still match
     assert scenario_from_dict({"runtime": {"max_norm_ratio": 50.0}}).to_dict()["runtime"]["max_norm_ratio"] == 50.0
     assert np.isfinite(scenario_from_dict({}).runtime.max_norm_ratio)
 

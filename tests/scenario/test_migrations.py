@@ -12,8 +12,8 @@ import pytest
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.settings import NodeSettings
-from p2pfl.scenario.migrations import FORMAT, upgrade
-from p2pfl.scenario.schema import (RuntimeSpec, load_scenario, runtime_absent, scenario_differences,
+from p2pfl.scenario.migrations import FORMAT
+from p2pfl.scenario.schema import (RuntimeSpec, as_today, load_scenario, runtime_absent, scenario_differences,
                                    scenario_from_dict, settings_for)
 
 # A real run folder's scenario.json of format 1 (pFedSV's calibrated Fashion-MNIST run, seed 0):
@@ -28,7 +28,7 @@ def _format_1() -> dict[str, Any]:
 def test_a_format_1_run_folder_reads_as_the_run_it_was() -> None:
     stored = _format_1()
     assert "format" not in stored and "max_norm_ratio" not in stored["runtime"] and "attack" not in stored
-    scenario = scenario_from_dict(upgrade(stored))
+    scenario = scenario_from_dict(as_today(stored))
     assert scenario.runtime.max_norm_ratio == 1000.0 and scenario.runtime.transport == "http"
     assert scenario.runtime.wire_sparsity == "none" and scenario.runtime.error_feedback is True
     assert scenario.runtime.checkpoint_every == 1 and scenario.runtime.audit == ""
@@ -36,13 +36,13 @@ def test_a_format_1_run_folder_reads_as_the_run_it_was() -> None:
     assert scenario.algorithm.safeguard is None
     # read in today's format, it is the scenario it is: nothing differs from its own upgrade
     assert scenario_differences(stored, scenario) == []
-    assert scenario.to_dict() == upgrade(stored)
+    assert scenario.to_dict() == as_today(stored)
 
 
 def test_the_stored_file_loads_as_a_run_folder_would(tmp_path: Path) -> None:
     path = tmp_path / "scenario.json"
     path.write_text(FORMAT_1.read_text())
-    assert load_scenario(path).to_dict() == upgrade(_format_1())
+    assert load_scenario(path).to_dict() == as_today(_format_1())
 
 
 @pytest.mark.parametrize("absent, meant", [
@@ -53,46 +53,46 @@ def test_the_stored_file_loads_as_a_run_folder_would(tmp_path: Path) -> None:
 def test_each_runtime_field_absent_from_format_1_means_what_it_did(absent: str, meant: Any) -> None:
     stored = _format_1()
     stored["runtime"].pop(absent, None)
-    assert getattr(scenario_from_dict(upgrade(stored)).runtime, absent) == meant
+    assert getattr(scenario_from_dict(as_today(stored)).runtime, absent) == meant
 
 
 def test_a_bound_run_from_before_refusals_refused_nothing() -> None:
     stored = _format_1()
     stored["runtime"]["update_bound"] = 1.0  # bounded, but made before update_refuse existed
-    upgraded = scenario_from_dict(upgrade(stored))
+    upgraded = scenario_from_dict(as_today(stored))
     assert upgraded.runtime.update_bound == 1.0 and upgraded.runtime.update_refuse == 0.0
-    today = scenario_from_dict({**upgrade(stored), "runtime": {**upgrade(stored)["runtime"], "update_refuse": 100.0}})
+    today = scenario_from_dict({**as_today(stored), "runtime": {**as_today(stored)["runtime"], "update_refuse": 100.0}})
     assert scenario_differences(stored, today) == ["runtime.update_refuse"]
 
 
 def test_a_format_1_run_that_predates_the_test_split_was_scored_on_its_own_distribution() -> None:
     stored = _format_1()
     del stored["data"]["test_split"]
-    assert scenario_from_dict(upgrade(stored)).data.test_split == "own_distribution"
+    assert scenario_from_dict(as_today(stored)).data.test_split == "own_distribution"
 
 
 def test_a_field_nobody_recorded_is_named_and_never_guessed() -> None:
     stored = _format_1()
     del stored["runtime"]["max_weight_ratio"]
-    assert "max_weight_ratio" not in upgrade(stored)["runtime"]
-    differ = scenario_differences(stored, scenario_from_dict(upgrade(_format_1())))
+    assert "max_weight_ratio" not in as_today(stored)["runtime"]
+    differ = scenario_differences(stored, scenario_from_dict(as_today(_format_1())))
     assert differ == ["runtime.max_weight_ratio (not recorded: made before it was stored)"]
 
 
 def test_format_2_writes_every_field_and_reads_back_as_written() -> None:
-    made = scenario_from_dict(upgrade(_format_1())).to_dict()
+    made = scenario_from_dict(as_today(_format_1())).to_dict()
     assert made["format"] == FORMAT == 2
     assert set(made["runtime"]) == {f.name for f in dataclasses.fields(RuntimeSpec)}
     assert {"attack", "churn", "plugins"} <= set(made) and "safeguard" in made["algorithm"]
-    assert scenario_from_dict(made).to_dict() == made and upgrade(made) == made
+    assert scenario_from_dict(made).to_dict() == made and as_today(made) == made
 
 
 def test_a_newer_format_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="format 3 by a newer p2pfl") as info:
-        scenario_from_dict({**upgrade(_format_1()), "format": 3})
+        scenario_from_dict({**as_today(_format_1()), "format": 3})
     assert info.value.field == "format"
     with pytest.raises(ConfigError, match="format number"):
-        upgrade({**_format_1(), "format": "2"})
+        as_today({**_format_1(), "format": "2"})
 
 
 def test_every_runtime_field_says_what_it_feeds_and_the_node_takes_all_its_own() -> None:
