@@ -268,3 +268,40 @@ def test_the_coordinators_connection_cap_grows_with_the_nodes_and_a_nodes_does_n
     assert server_limits(sc, COORDINATOR_ID, 1000).max_connections >= 2000
     assert server_limits(sc, COORDINATOR_ID, 10).max_connections == default
     assert server_limits(sc, "node-0", 1000).max_connections == default
+
+
+@contract
+async def test_the_peer_directory_admits_and_refuses_a_member_on_every_carrier(pair: Pair) -> None:
+    """`PeerDirectory` is the one writer of membership: what it admits the carrier verifies and the
+    neighbour table asks or takes pushes from; what it refuses the carrier refuses by its cause,
+    the table counts departed, and what the member pushed early is dropped."""
+    from types import SimpleNamespace
+
+    from p2pfl.runtime.node.neighbours import Neighbours
+    from p2pfl.runtime.node.peer_directory import Member, PeerDirectory
+
+    b = pair.carriers["b"]
+    newcomer = NodeKey.generate()
+    table = Neighbours(["a"], members=["a"])
+    exchange = SimpleNamespace(outbound_only=False, intake=SimpleNamespace(early={("c", "full"): object()}))
+    directory = PeerDirectory(b, table, exchange, lambda: 2, rounds=5)  # type: ignore[arg-type]
+
+    def frame(seq: int) -> bytes:
+        return encode(key=newcomer, kind="stats", sender="c", recipient="b", round=3, version=3, seq=seq,
+                      part="full", meta={}, tensors={"w": W})
+
+    assert await pair.deliver(frame(1)) != 202  # not a member yet
+    directory.admit(Member("c", newcomer.public_hex))  # outbound only: it pushes, it is never read
+    assert await pair.deliver(frame(2)) == 202 and "c" in table.push_only and "c" not in b.urls
+    directory.admit(Member("c", newcomer.public_hex, url="http://127.0.0.1:9"))
+    assert b.urls["c"] == "http://127.0.0.1:9" and table.asked == ("a",)  # one neighbour kept, and it has one
+    directory.keep(2)
+    directory.admit(Member("c", newcomer.public_hex, url="http://127.0.0.1:9"))
+    assert table.asked == ("a", "c") and table.peer_rounds["c"] == frozenset({3, 4, 5})  # asked from round 3 on
+    directory.refuse("c", "revoked", "revoked by the operator")
+    assert await pair.deliver(frame(3)) != 202
+    assert "revoked" in str(b.rejections.summary())
+    assert "c" in table.departed and "c" not in table.push_only and "c" not in b.urls
+    assert exchange.intake.early == {}
+    directory.reachable(False)
+    assert exchange.outbound_only

@@ -25,6 +25,8 @@ from p2pfl.runtime.federation.gossip import SERVICE, Gossip
 from p2pfl.runtime.federation.records import MemberRecord, sign_record
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.federation.certificates import Certificate, Refused, Revocations
+from p2pfl.runtime.node.parts import NodeHandle
+from p2pfl.runtime.node.peer_directory import Member
 from p2pfl.runtime.tls import fingerprint
 from p2pfl.wire import NodeKey
 
@@ -50,7 +52,7 @@ class FederationMember:
         self.gossip = Gossip(self.directory, period_s=config.gossip_s, seed=seed, log=self.log)
         self.expected_members = expected_members
         self.degree = degree  # neighbours to keep (None: every member, a full topology)
-        self.node: Any = None
+        self.node: NodeHandle | None = None
         self.removed: list[dict[str, Any]] = []
 
     def _load_revocations(self, path: Path) -> None:
@@ -88,11 +90,11 @@ class FederationMember:
             await self.gossip.close()
 
     # ---- beside the node ----------------------------------------------------------------------
-    async def start(self, node: Any) -> None:
+    async def start(self, node: NodeHandle) -> None:
         self.node = node
-        node.transport.services[SERVICE] = self.serve
-        node.exchange.outbound_only = self.config.url is None
-        node.neighbours.target = self.degree or 1 << 30
+        node.peers.serve(SERVICE, self.serve)
+        node.peers.reachable(self.config.url is not None)
+        node.peers.keep(self.degree or 1 << 30)
         if self.directory.revoked_self:  # told while it discovered: it does not start its rounds
             node.stop_soon("revoked", self.directory.revoked_self)
         self.directory.on_admitted.append(self._admitted)
@@ -121,31 +123,15 @@ class FederationMember:
                              len(self.directory.records) + 1, self.expected_members)
 
     def _admitted(self, record: MemberRecord) -> None:
-        node = self.node
-        if node is None:
-            return
-        transport = node.transport
-        transport.roster.admit(record.member, record.public_key, record.certificate.expires)
-        if record.tls_fingerprint is not None and hasattr(transport, "pin_peer"):
-            transport.pin_peer(record.member, record.tls_fingerprint)
-        if record.url is not None:
-            transport.urls[record.member] = record.url
-            node.neighbours.admit(record.member, node.round + 1, node.settings.rounds)
-        else:  # outbound only: a neighbour once it pushes (`Intake`), never read
-            node.neighbours.push_only.add(record.member)
-        transport.expect_readers(set(transport.peers) | node.neighbours.push_only)  # whoever is admitted may read it
+        if self.node is not None:
+            self.node.peers.admit(Member(record.member, record.public_key, record.certificate.expires, record.url,
+                                         record.tls_fingerprint))
 
     def _removed(self, member: str, cause: str, detail: str) -> None:
         self.removed.append({"member": member, "cause": cause, "round": self.node.round if self.node else 0,
                              "at": time.time()})
-        if self.node is None:
-            return
-        transport = self.node.transport
-        transport.roster.refuse(member, cause, detail)
-        transport.urls.pop(member, None)
-        self.node.neighbours.push_only.discard(member)
-        self.node.exchange.intake.early = {k: m for k, m in self.node.exchange.intake.early.items() if k[0] != member}
-        self.node.neighbours.depart(member, self.node.round)
+        if self.node is not None:
+            self.node.peers.refuse(member, cause, detail)
 
     async def serve(self, body: bytes | None) -> tuple[int, bytes]:
         """POST: a member exchange. GET: the members this node sees (public, as its status is)."""

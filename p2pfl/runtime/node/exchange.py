@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from p2pfl.models import part_state
+from p2pfl.models import PARTS, part_state
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.devices import host_snapshot
-from p2pfl.runtime.node.parts import PEER_PARTS
 from p2pfl.runtime.node.intake import Intake, RoundChecks
 from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.neighbours import Neighbours
@@ -41,7 +40,7 @@ class Exchange:
         # Parts sent sparse against a public copy (p2pfl.runtime.sparse_wire): from the initial model.
         sparsity = Sparsity.parse(settings.wire_sparsity)
         self.sparse = None if sparsity is None else SparseSender(
-            {p: host_snapshot(part_state(ctx.model, p)) for p in strategy.shared_parts if p in PEER_PARTS}, sparsity,
+            {p: host_snapshot(part_state(ctx.model, p)) for p in strategy.shared_parts if p in PARTS}, sparsity,
             error_feedback=settings.error_feedback, seed=seed)
 
     async def publish(self, round_: int, parts: Mapping[str, Mapping[str, torch.Tensor]]) -> None:

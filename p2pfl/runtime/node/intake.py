@@ -12,11 +12,10 @@ from typing import Any
 
 import torch
 
-from p2pfl.models import SplitModel, part_spec, part_state
+from p2pfl.models import PARTS, SplitModel, part_spec, part_state
 from p2pfl.runtime.devices import to_device
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.node.neighbours import Neighbours
-from p2pfl.runtime.node.parts import PEER_PARTS
 from p2pfl.runtime.peer_claims import (ClaimRefused, Flattened, bound_update, capped_size, check_magnitude,
                                       check_variances, flattened, own_norms, update_norm)
 from p2pfl.runtime.precision import dequantize, wire_spec
@@ -62,17 +61,17 @@ class Intake:
     def __init__(self, model: SplitModel, n_train: int, device: torch.device, settings: NodeSettings,
                  extra: dict[str, PartDecl], neighbours: Neighbours) -> None:
         self.model, self.n_train, self.device, self.settings = model, n_train, device, settings
-        self.specs = {part: part_spec(model, part) for part in PEER_PARTS}
+        self.specs = {part: part_spec(model, part) for part in PARTS}
         floating_buffers = {name for name, b in model.named_buffers() if b.is_floating_point()}
         # part -> its floating buffers' keys: bounded as a group of their own (p2pfl.runtime.peer_claims)
         self.buffer_keys = {part: frozenset(k for k in part_state(model, part) if k in floating_buffers)
-                            for part in PEER_PARTS}
+                            for part in PARTS}
         self.extra = extra  # parts besides the model's own (the coordinator's replies, setup parts)
         self.sparsity = Sparsity.parse(settings.wire_sparsity)
         # Each peer's public copy of each part it sends sparse (p2pfl.runtime.sparse_wire): at
         # first the initial model, which every node builds from the same seed.
         self.sparse = None if self.sparsity is None else SparseReceiver(
-            {part: part_state(model, part) for part in PEER_PARTS})
+            {part: part_state(model, part) for part in PARTS})
         self.neighbours = neighbours
         # A part's membership news -> (statements verified with each member's key, unsigned "left"
         # claims); the node sets it from its carrier's roster and run.

@@ -27,6 +27,7 @@ from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.membership import Membership
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
+from p2pfl.runtime.node.peer_directory import PeerDirectory
 from p2pfl.runtime.node.records import Stage, end_status, node_result
 from p2pfl.runtime.node.round import Round, RoundKit
 from p2pfl.runtime.node.scoring import Scorer
@@ -90,10 +91,10 @@ class Node:
                                self.participation_rng, self.neighbours, self.log)
         self.scorer = Scorer(parts.model, parts.data, parts.trainer, parts.safeguard)
         self.membership = Membership(parts.transport, self.exchange, self.neighbours, self.state, settings, self.log)
-        kept = KeptParts(folder.received(config.id)) if settings.audit == config.id else None
-        self.exchange.kept = kept
+        self.exchange.kept = kept = KeptParts(folder.received(config.id)) if settings.audit == config.id else None
         self.kit = RoundKit(parts, settings, self.ctx, self.exchange, self.neighbours, self.scorer, artefacts, self.log,
                             kept)
+        self.peers = PeerDirectory(parts.transport, self.neighbours, self.exchange, lambda: self.ctx.round, settings.rounds)
 
     # The parts a host, a test or a benchmark reaches for by name.
     @property

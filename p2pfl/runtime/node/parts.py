@@ -13,13 +13,29 @@ from p2pfl.data import NodeData
 from p2pfl.models import SplitModel
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.churn import NodeScript
+from p2pfl.runtime.node.peer_directory import PeerDirectory
 from p2pfl.runtime.safeguard import Safeguard
+from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.strategy import Strategy
 from p2pfl.runtime.transport import Transport
 from p2pfl.training.trainer import LocalTrainer, PrivacyMechanism
 from p2pfl.wire import NodeKey
 
-PEER_PARTS = ("body", "head", "full")
+
+
+class NodeHandle(Protocol):
+    """What a companion may know and do of its node: its peer directory (`peers`: the one writer of
+    membership), how it arrived ("fresh", "resume", "join"), its settings, its round, and how to
+    stop it before its next round."""
+
+    peers: PeerDirectory
+    arrival: str
+    settings: NodeSettings
+
+    @property
+    def round(self) -> int: ...
+
+    def stop_soon(self, status: str, reason: str) -> None: ...
 
 
 class Companion(Protocol):
@@ -30,7 +46,7 @@ class Companion(Protocol):
 
     name: str
 
-    async def start(self, node: Any) -> None: ...
+    async def start(self, node: NodeHandle) -> None: ...
 
     async def stop(self) -> None: ...
 

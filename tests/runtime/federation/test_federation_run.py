@@ -30,7 +30,7 @@ from p2pfl.runtime.federation.records import sign_record
 from p2pfl.wire import NodeKey
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIMIT_S = 400
 ADDRESSES = {"alpha": "192.0.2.10", "beta": "192.0.2.11", "gamma": "192.0.2.12", "delta": "192.0.2.13"}
 
