@@ -44,12 +44,14 @@ from p2pfl.runtime.federation.service import FederationMember
 from p2pfl.scenario.federation import federation_member
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
-from p2pfl.runtime.devices import data_to_device, node_device
+from p2pfl.runtime.coordinator import Coordinator, CoordinatorParts
+from p2pfl.runtime.coordinator_half import CoordinatorEnv
+from p2pfl.runtime.devices import data_to_device, node_device, split_to_device
 from p2pfl.runtime.resources import host_many_nodes, raise_open_file_limit, release_periodically
 from p2pfl.runtime.files import RecordAppender
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
-from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.settings import CoordinatorSettings, NodeSettings
 from p2pfl.runtime.status import PROGRESS_ENV, PROGRESS_PREFIX, exit_status
 from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.strategy import COORDINATOR_ID
@@ -269,6 +271,41 @@ async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, tog
         for task in periodic:
             task.cancel()
         await asyncio.gather(*periodic, return_exceptions=True)
+
+
+def build_coordinator(config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False) -> Coordinator:
+    """The coordinator of DI's and Client2Vec's global steps, built as a node is: from its config
+    and the scenario, which only this function reads."""
+    from p2pfl.algorithms import build_coordinator_half
+
+    sc = scenario or load_scenario(config.scenario, config.overrides)
+    torch.set_num_threads(sc.runtime.torch_threads)
+    partition = build_partition(sc.data, sc.nodes, sc.seed)
+    device = node_device(sc.device, 0)
+    held_out = None if partition.held_out is None else split_to_device(partition.held_out, device)
+    torch.manual_seed(sc.seed + sc.train.seed_offset)  # the nodes' initial model
+    model = build_model(sc.model.name, partition.in_channels, partition.image_size, partition.num_classes).to(device)
+    env = CoordinatorEnv(model=model, rounds=sc.rounds, seed=sc.seed, num_classes=partition.num_classes,
+                         nodes=tuple(sorted(config.peers)), device=device)
+    # Not waited for: nodes the churn schedule brings in later (they submit from their round on).
+    scripts = scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
+    late = {nid for nid, script in zip(node_ids(sc.nodes), scripts) if script.late}
+    key, counter = NodeKey.load(config.key_file), ByteCounter()
+    settings = CoordinatorSettings(algorithm=sc.algorithm.name, rounds=sc.rounds, resolved=sc.to_dict(),
+                                   written_as=sc.written_as, **settings_for(sc.runtime, "coordinator"))
+    return Coordinator(config, CoordinatorParts(
+        settings=settings, model=model, device=device,
+        build_half=lambda: build_coordinator_half(sc.algorithm.name, sc.algorithm.params, env),
+        evaluator=LocalTrainer(sc.train, device=device), held_out=held_out, held_out_domain=partition.held_out_domain,
+        expected=set(config.peers) - late, key=key, counter=counter,
+        endpoint=build_carrier(sc, config.id, key, config.peers, counter, logging.getLogger("p2pfl.coordinator")),
+    ), resume=resume)
+
+
+def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
+    logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
+    result = run_stoppable(build_coordinator(config, resume=resume).run())
+    return 1 if result["status"] in ("failed", "degraded") else 0
 
 
 def run_worker(config_paths: Sequence[Path], resume: bool = False, together: bool = False) -> int:

@@ -91,7 +91,7 @@ def _forked(args: argparse.Namespace) -> int:
 
 
 def _coordinator(args: argparse.Namespace) -> int:
-    from p2pfl.coordinator.service import run_coordinator
+    from p2pfl.assembly import run_coordinator
     from p2pfl.runtime.config import load_node_config
 
     return run_coordinator(load_node_config(args.config), resume=args.resume)

@@ -1,6 +1,6 @@
 """The contract between the coordinator and an algorithm's coordinator half (DI's and Client2Vec's
 global steps): what nodes submit, what the half replies, and what it may know of the run. Pure:
-no HTTP, no files; `p2pfl.coordinator` moves the bytes."""
+no HTTP, no files; `p2pfl.runtime.coordinator` moves the bytes."""
 
 from __future__ import annotations
 

@@ -58,6 +58,20 @@ class NodeSettings:
 
 
 @dataclass(frozen=True)
+class CoordinatorSettings:
+    """What the coordinator reads of the scenario (`p2pfl.assembly.build_coordinator`)."""
+
+    algorithm: str
+    rounds: int
+    first_submission_wait_s: float  # the longest wait for a round's first node (nodes train)
+    straggler_wait_s: float         # then the longest wait for the round's other nodes
+    max_weight_ratio: float         # a node's n_train counts at most this many times the round's median
+    linger_s: float                 # keep serving after the last round until the nodes are done
+    resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)  # checkpoints are bound to it
+    written_as: Mapping[str, Any] | None = field(default=None, compare=False)  # as NodeSettings.written_as
+
+
+@dataclass(frozen=True)
 class Sparsity:
     kind: str          # "topk" | "randomk"
     fraction: float    # of each floating tensor's entries sent

@@ -140,7 +140,7 @@ class RuntimeSpec:
     accept_stale: bool = setting(True, feeds=("node",))
     torch_threads: int = setting(1, feeds=("hosting",))            # 2 cores are shared by all node processes
     # keep serving after the last round until peers are done
-    linger_s: float = setting(60.0, feeds=("node",))
+    linger_s: float = setting(60.0, feeds=("node", "coordinator"))
     # before round 1, wait this long at most for every peer to be up
     start_wait_s: float = setting(30.0, feeds=("node",))
     # HTTPS between nodes, certificates pinned by fingerprint (no CA)

@@ -18,7 +18,7 @@ from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import NodeKey, Roster, encode, open_message
 
 if TYPE_CHECKING:
-    from p2pfl.coordinator.service import Coordinator
+    from p2pfl.runtime.coordinator import Coordinator
 
 TINY = """
 name = "tiny"
@@ -67,7 +67,7 @@ def scenario_of(node: Node) -> Any:
 
 def build_in_process(scenario_path: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple[list[Node], Coordinator | None]:
     """Every node (and the coordinator) of a scenario as objects of this process, ready to `run()`."""
-    from p2pfl.coordinator.service import Coordinator
+    from p2pfl.assembly import build_coordinator
     from p2pfl.runtime.config import load_node_config
     from p2pfl.scenario.launcher import write_run_folder
     from p2pfl.scenario.schema import apply_overrides, read_raw, scenario_from_dict
@@ -75,7 +75,7 @@ def build_in_process(scenario_path: Path, out: Path, overrides: tuple[str, ...] 
     scenario = scenario_from_dict(apply_overrides(read_raw(scenario_path), overrides), source=str(scenario_path))
     paths, coordinator_path = write_run_folder(scenario, out)
     nodes = [assemble_node(load_node_config(p), scenario) for p in paths]
-    coordinator = None if coordinator_path is None else Coordinator(load_node_config(coordinator_path), scenario)
+    coordinator = None if coordinator_path is None else build_coordinator(load_node_config(coordinator_path), scenario)
     return nodes, coordinator
 
 

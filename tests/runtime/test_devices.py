@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from p2pfl.assembly import assemble_node
-from p2pfl.coordinator.service import Coordinator
+from p2pfl.assembly import build_coordinator
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
 from p2pfl.runtime.config import load_node_config
@@ -93,7 +93,7 @@ def test_fetched_and_pushed_parts_arrive_on_the_model_device(tmp_path: Path) -> 
 def test_coordinator_submissions_are_on_its_device(tmp_path: Path) -> None:
     (a, _), coordinator_path = _nodes(tmp_path, algorithm="fedavg_global")
     assert coordinator_path is not None
-    coordinator = Coordinator(load_node_config(coordinator_path))
+    coordinator = build_coordinator(load_node_config(coordinator_path))
     coordinator.model.to(META)
     coordinator.device = META
 

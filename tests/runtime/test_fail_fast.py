@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from p2pfl.coordinator.service import Coordinator
+from p2pfl.runtime.coordinator import Coordinator
 from p2pfl.runtime.node import Node
 from p2pfl.runtime.strategy import RoundContext
 

@@ -164,14 +164,14 @@ def test_the_coordinator_takes_only_the_round_it_collects_and_pins_n_train(tmp_p
 
 def test_a_claimed_billion_samples_cannot_set_the_global_model(tmp_path: Path) -> None:
     """Review finding 3."""
-    from p2pfl.coordinator.service import weighed_as_capped
+    from p2pfl.runtime.coordinator import weighed_as_capped
 
     coordinator, _ = _coordinator(tmp_path)
     ones = {k: torch.ones_like(v) for k, v in part_state(coordinator.model, "full").items() if v.is_floating_point()}
     zeros = {k: torch.zeros_like(v) for k, v in ones.items()}
     subs = [Submission(f"node-{i}", dict(ones), {"n_train": 1500}) for i in range(3)]
     subs.append(Submission("node-3", dict(zeros), {"n_train": 10**9}))
-    ratio = coordinator.scenario.runtime.max_weight_ratio
+    ratio = coordinator.settings.max_weight_ratio
     reply = coordinator.half.aggregate(1, weighed_as_capped(subs, ratio))
     weight = reply.meta["weights"]["node-3"]
     assert weight == pytest.approx(min(ratio / (ratio + 3), 0.5))  # before: 0.99999996

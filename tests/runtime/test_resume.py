@@ -178,13 +178,13 @@ def load_config(path: Path):
 
 
 def test_the_coordinator_resumes_with_its_model_and_aggregator_state(tmp_path: Path) -> None:
-    from p2pfl.coordinator.service import Coordinator
+    from p2pfl.assembly import build_coordinator
 
     path = write_tiny(tmp_path, nodes=3, rounds=2, samples=60, algorithm="ga", timeout=5.0)
     nodes, coordinator = build_in_process(path, tmp_path / "run")
     assert coordinator is not None
     run_in_process(nodes, coordinator)
-    clone = Coordinator(coordinator.config, coordinator.scenario, resume=True)
+    clone = build_coordinator(coordinator.config, resume=True)
     assert clone.restore() == 2
     assert clone.half.state_dict() == coordinator.half.state_dict() != {}
     assert clone.rounds == json.loads(json.dumps(coordinator.rounds))

@@ -21,28 +21,23 @@ import dataclasses
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from p2pfl import logs
-from p2pfl.algorithms import build_coordinator_half
-from p2pfl.data import build_partition
-from p2pfl.models import build_model, load_part, part_spec, part_state
+from p2pfl.models import SplitModel, load_part, part_spec, part_state
 from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.checkpoint import (CheckpointError, read_resumable, restore_run_state, run_state, save_checkpoint,
                                      scenario_digest)
-from p2pfl.runtime.churn import scripts_of
-from p2pfl.runtime.config import NodeConfig, node_ids
+from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
 from p2pfl.runtime.run_folder import RunFolder
-from p2pfl.runtime.stopping import run_stoppable
-from p2pfl.runtime.devices import host_snapshot, node_device, split_to_device, to_device
-from p2pfl.runtime.coordinator_half import CoordinatorEnv, CoordinatorHalf, Reply, Submission
+from p2pfl.runtime.devices import host_snapshot, to_device
+from p2pfl.runtime.coordinator_half import CoordinatorHalf, Reply, Submission
+from p2pfl.runtime.settings import CoordinatorSettings
 from p2pfl.runtime.transport import SETUP_PREFIX, Transport
-from p2pfl.scenario.carriers import build_carrier
-from p2pfl.scenario.schema import Scenario, load_scenario
 from p2pfl.training.trainer import LocalTrainer
 from p2pfl.wire import Message, NodeKey
 
@@ -60,29 +55,39 @@ def weighed_as_capped(submissions: list[Submission], max_weight_ratio: float) ->
                                                                "n_train_claimed": submissions[i].meta["n_train"]})
     return out
 
+@dataclasses.dataclass
+class CoordinatorParts:
+    """What a coordinator runs with, built by `p2pfl.assembly.build_coordinator`: the coordinator
+    reads no scenario and builds no model, as a node does not."""
+
+    settings: CoordinatorSettings
+    model: SplitModel                     # the nodes' initial model, on `device`
+    device: torch.device
+    build_half: Callable[[], CoordinatorHalf]  # a fresh half (restore loads a checkpoint into one)
+    evaluator: LocalTrainer               # scores a global model on the held-out domain
+    held_out: Any                         # that domain's test split on `device`, or None
+    held_out_domain: str | None
+    expected: set[str]                    # the nodes waited for from the start (not the late joiners)
+    key: NodeKey
+    endpoint: Transport
+    counter: ByteCounter
+
+
 class Coordinator:
-    def __init__(self, config: NodeConfig, scenario: Scenario | None = None, *, resume: bool = False) -> None:
+    def __init__(self, config: NodeConfig, parts: CoordinatorParts, *, resume: bool = False) -> None:
         self.config = config
         self.resume = resume
         self.folder = RunFolder(config.out)
         self.checkpoint_path = self.folder.checkpoint(config.id)
-        self.scenario = sc = scenario or load_scenario(config.scenario, config.overrides)
+        self.settings = parts.settings
         self.log = logging.getLogger("p2pfl.coordinator")
-        torch.set_num_threads(sc.runtime.torch_threads)
-        self.partition = build_partition(sc.data, sc.nodes, sc.seed)
-        self.device = node_device(sc.device, 0)
-        self.held_out = None if self.partition.held_out is None else split_to_device(self.partition.held_out, self.device)
-        torch.manual_seed(sc.seed + sc.train.seed_offset)  # the nodes' initial model
-        self.model = build_model(sc.model.name, self.partition.in_channels, self.partition.image_size, self.partition.num_classes)
-        self.model.to(self.device)
+        self.device, self.model, self.held_out, self.evaluator = parts.device, parts.model, parts.held_out, parts.evaluator
+        self.held_out_domain = parts.held_out_domain
         self.spec = part_spec(self.model, "full")
+        self.build_half = parts.build_half
         self.half = self.build_half()
-        self.evaluator = LocalTrainer(sc.train, device=self.device)
-        # Not waited for: nodes the churn schedule brings in later (they submit from their round on).
-        scripts = scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
-        late = {nid for nid, script in zip(node_ids(sc.nodes), scripts) if script.late}
-        self.expected: set[str] = set(config.peers) - late
-        self.counter = ByteCounter()
+        self.expected: set[str] = set(parts.expected)
+        self.counter = parts.counter
         self.submissions: dict[int, dict[str, Submission]] = {}
         self.declared_sizes = DeclaredSizes()
         self.arrived = asyncio.Event()
@@ -91,20 +96,14 @@ class Coordinator:
         self.done = False
         self.rounds: list[dict[str, Any]] = []
         self.setup_record: dict[str, Any] | None = None
-        self.key = key = NodeKey.load(config.key_file)
-        self.endpoint: Transport = build_carrier(sc, config.id, key, config.peers, self.counter, self.log)
+        self.key = parts.key
+        self.endpoint: Transport = parts.endpoint
         self.endpoint.attach(
             expected_for=lambda kind, part: self._declared(kind, "spec"),
             meta_schema_for=lambda kind, part: self._declared(kind, "meta"),
             on_message=self._on_submission, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
             on_departed=self._on_departed,
         )
-
-    def build_half(self) -> CoordinatorHalf:
-        sc = self.scenario
-        env = CoordinatorEnv(model=self.model, rounds=sc.rounds, seed=sc.seed, num_classes=self.partition.num_classes,
-                             nodes=tuple(sorted(self.config.peers)), device=self.device)
-        return build_coordinator_half(sc.algorithm.name, sc.algorithm.params, env)
 
     def _declared(self, kind: str, what: str) -> Any:
         decl = self.half.expected(kind)
@@ -116,11 +115,11 @@ class Coordinator:
             if self.setup_done:
                 raise ValueError("the setup exchange is over")
         elif h.kind != self.half.round_kind or h.round < 1:
-            raise ValueError(f"kind {h.kind!r} in round {h.round} is not what {self.scenario.algorithm.name} exchanges")
+            raise ValueError(f"kind {h.kind!r} in round {h.round} is not what {self.settings.algorithm} exchanges")
         elif h.round <= self.round:
             raise ValueError(f"round {h.round} is already aggregated (coordinator is at round {self.round})")
-        elif h.round > self.scenario.rounds:
-            raise ValueError(f"round {h.round} is beyond the scenario's {self.scenario.rounds} rounds")
+        elif h.round > self.settings.rounds:
+            raise ValueError(f"round {h.round} is beyond the scenario's {self.settings.rounds} rounds")
         elif h.round != self.round + 1:  # a node learns round r's model only after the coordinator moved to r
             raise ValueError(f"round {h.round} has not started (the coordinator collects round {self.round + 1})")
         per_round = self.submissions.setdefault(h.round, {})
@@ -140,8 +139,8 @@ class Coordinator:
         """Wait for every expected node: `first_submission_wait_s` for the first (nodes may still
         be training), then `straggler_wait_s` for the rest."""
         loop = asyncio.get_running_loop()
-        timeout = self.scenario.runtime.straggler_wait_s
-        first_deadline = loop.time() + self.scenario.runtime.first_submission_wait_s
+        timeout = self.settings.straggler_wait_s
+        first_deadline = loop.time() + self.settings.first_submission_wait_s
         deadline = None
         while True:
             got = self.submissions.get(r, {})
@@ -160,9 +159,9 @@ class Coordinator:
                 pass
 
     async def run(self) -> dict[str, Any]:
-        cfg, sc = self.config, self.scenario
+        cfg, sc = self.config, self.settings
         await self.endpoint.start(cfg.host, cfg.port)
-        self.log.info("coordinator on %s:%d for %d nodes, %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm.name)
+        self.log.info("coordinator on %s:%d for %d nodes, %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
         started = time.perf_counter()
         status, error = "ok", None
         try:
@@ -194,7 +193,7 @@ class Coordinator:
                     self.log.warning("round %d: no statistics from %s (%s still live); aggregating without them",
                                      r, missing, live or "none")
                 self.expected = (set(got) | set(live)) - set(self.endpoint.departed)
-                subs = weighed_as_capped([got[k] for k in sorted(got)], sc.runtime.max_weight_ratio)
+                subs = weighed_as_capped([got[k] for k in sorted(got)], sc.max_weight_ratio)
                 reply = await asyncio.to_thread(self.half.aggregate, r, subs)
                 held_acc = None
                 if reply.model is not None:
@@ -223,10 +222,10 @@ class Coordinator:
             status = "degraded"  # aggregated without live members: see each round's `missing_live`
             error = f"rounds {short} were aggregated without members that were still live"
         self.done = True
-        await self.endpoint.linger(set(self.config.peers), self.scenario.runtime.linger_s)
+        await self.endpoint.linger(set(self.config.peers), self.settings.linger_s)
         result = {
             "id": cfg.id, "status": status, "error": error, "rounds": self.rounds, "setup": self.setup_record,
-            "held_out_domain": self.partition.held_out_domain, "totals": self.counter.totals(),
+            "held_out_domain": self.held_out_domain, "totals": self.counter.totals(),
             "rejected": self.endpoint.rejections.summary(),
             "wall_s": time.perf_counter() - started,
         }
@@ -267,7 +266,7 @@ class Coordinator:
     # ---- checkpoints ----------------------------------------------------------------------
     def write_checkpoint(self) -> None:
         state = {
-            **run_state(self.config.id, scenario_digest(self.scenario.to_dict()), self.rounds, self.endpoint.replay,
+            **run_state(self.config.id, scenario_digest(self.settings.resolved), self.rounds, self.endpoint.replay,
                         self.counter.totals()),
             "aggregator": self.half.state_dict(), "expected": sorted(self.expected),
         }
@@ -277,18 +276,18 @@ class Coordinator:
     def restore(self) -> int:
         """Load the last checkpoint, checked in full first; returns the last aggregated round."""
         if self.half.setup_kind is not None:
-            raise CheckpointError(f"{self.scenario.algorithm.name} cannot be resumed: its coordinator half has both a "
+            raise CheckpointError(f"{self.settings.algorithm} cannot be resumed: its coordinator half has both a "
                                   "setup exchange and rounds, and only the rounds are checkpointed; start the run again")
         tensors, doc = read_resumable(self.checkpoint_path, node_id=self.config.id,
-                                      public_hex=self.key.public_hex, scenario=self.scenario.to_dict(),
-                                      rounds=self.scenario.rounds, spec=self.spec, written_as=self.scenario.written_as)
+                                      public_hex=self.key.public_hex, scenario=self.settings.resolved,
+                                      rounds=self.settings.rounds, spec=self.spec, written_as=self.settings.written_as)
         fresh = self.build_half()
         try:
             fresh.load_state_dict(doc["aggregator"])
             expected = {str(n) for n in doc["expected"]}
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.checkpoint_path}: state does not fit "
-                                  f"{self.scenario.algorithm.name}: {exc!r}") from None
+                                  f"{self.settings.algorithm}: {exc!r}") from None
         self.half = fresh
         self.expected = expected & set(self.config.peers)
         load_part(self.model, {k: v.to(self.device) for k, v in tensors.items()})
@@ -299,7 +298,3 @@ class Coordinator:
         return self.round
 
 
-def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
-    logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
-    result = run_stoppable(Coordinator(config, resume=resume).run())
-    return 1 if result["status"] in ("failed", "degraded") else 0
