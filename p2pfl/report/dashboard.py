@@ -24,22 +24,22 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from p2pfl.errors import ConfigError
+from p2pfl.report.tensorboard import hook_scalars
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.files import read_records
+from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, accuracies
 from p2pfl.runtime.run_folder import RunFolder, compare_row_runs, load_artefacts
-from p2pfl.runtime.timing import PHASES
 from p2pfl.runtime.stopping import run_stoppable
-from p2pfl.scenario.membership import EVENTS as MEMBERSHIP_EVENTS
+from p2pfl.runtime.timing import PHASES
+from p2pfl.runtime.transport.addresses import host_of
 from p2pfl.scenario.deaths import read_death
-from p2pfl.report.tensorboard import hook_scalars
+from p2pfl.scenario.membership import EVENTS as MEMBERSHIP_EVENTS
 from p2pfl.scenario.results import format_summary
 from p2pfl.scenario.trust import run_trust, trust_places
-from p2pfl.runtime.node.records import TEST_ACC, TEST_ACC_AGGREGATED, accuracies
 
 # Artefacts saved as {"peers": [...], "values": [one number per peer]}: FedC2I's λ, pFedSV's
 # relevance and Shapley values (own node included), FedFomo's affinity and weights.
@@ -410,7 +410,7 @@ def host_allowed(header: str | None, served: str) -> bool:
     sends that name, and so cannot read the run's state."""
     if not header:
         return False
-    name = urlsplit(f"//{header}").hostname or ""
+    name = host_of(header)
     if name in ("localhost", served.lower()):
         return True
     try:

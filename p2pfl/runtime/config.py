@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import tomli_w
 
@@ -27,6 +26,7 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
+from p2pfl.runtime.transport.addresses import parse_address
 
 if TYPE_CHECKING:
     from p2pfl.runtime.federation.config import FederationConfig
@@ -201,7 +201,7 @@ def _from_roster(raw: Mapping[str, Any], roster_path: Path, key_file: Path
     if "index" in raw and raw["index"] != index:
         raise ConfigError("index", f"{raw['index']} disagrees with {roster_path}, where {node_id} is entry {index}; "
                                    "drop `index` (the roster's order decides)")
-    port = raw.get("port", urlsplit(entry.url).port)
+    port = raw.get("port", parse_address(entry.url).port)
     if port is None:
         raise ConfigError("port", f"missing, and {node_id}'s roster URL {entry.url} names no port")
     return index, port, peers, coordinator

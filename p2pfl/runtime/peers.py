@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from p2pfl.errors import ConfigError
+from p2pfl.runtime.transport.addresses import parse_address
 
 COORDINATOR_ID = "coordinator"  # the optional coordinator's id, in rosters, configs and messages
 
@@ -39,11 +39,10 @@ def parse_peer(value: Any, where: str) -> PeerInfo:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{where}.url", f"expected an http(s) URL, got {url!r}")
     try:
-        parts = urlsplit(url)
-        port = parts.port
+        address = parse_address(url)
     except ValueError as exc:
         raise ConfigError(f"{where}.url", f"{url!r}: {exc}") from None
-    if not parts.hostname or any(c in parts.netloc for c in " <>") or port == 0:
+    if not address.host or any(c in address.netloc for c in " <>") or address.port == 0:
         raise ConfigError(f"{where}.url", f"expected http(s)://host:port with a real host, got {url!r}")
     if not isinstance(pub, str) or len(pub) != 64:
         raise ConfigError(f"{where}.public_key", "expected the peer's Ed25519 public key as 64 hex characters")

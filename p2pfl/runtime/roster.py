@@ -25,13 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import tomli_w
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
+from p2pfl.runtime.transport.addresses import parse_address
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -115,8 +115,7 @@ def _parsed_roster(path: Path, mtime_ns: int, size: int) -> RosterFile:
 
 
 def _endpoint(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    return parse_address(url).endpoint
 
 
 def _unique(seen: dict[str, str], value: str, owner: str, field: str, what: str) -> None:
@@ -150,8 +149,8 @@ class Probe:
 
 
 async def _probe(node_id: str, url: str, timeout_s: float) -> Probe:
-    parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    address = parse_address(url)
+    host, port = address.host, address.port_or_default
     started = time.perf_counter()
     try:
         _, writer = await wait_at_most(asyncio.open_connection(host, port), timeout_s)

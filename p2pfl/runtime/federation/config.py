@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.federation.certificates import Certificate, Refused, check
+from p2pfl.runtime.transport.addresses import parse_address
 
 FIELDS = ("public_key", "certificate", "seeds", "url", "gossip_s", "seed_wait_s", "revocations")
 MAX_SEEDS = 3
@@ -75,11 +75,10 @@ def _url(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.startswith(("http://", "https://")):
         raise ConfigError(where, f"expected an http(s)://host:port address, got {value!r}")
     try:
-        parts = urlsplit(value)
-        port = parts.port
+        address = parse_address(value)
     except ValueError as exc:
         raise ConfigError(where, f"{value!r}: {exc}") from None
-    if not parts.hostname or not port:
+    if not address.host or not address.port:
         raise ConfigError(where, f"expected http(s)://host:port, got {value!r}")
     return value.rstrip("/")
 

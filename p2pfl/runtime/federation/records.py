@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgpack
 
 from p2pfl.runtime.federation.certificates import (MALFORMED, Certificate, Refused, Revocations, _member_id, _time, check,
-                                           signature_holds)
+                                                   signature_holds)
+from p2pfl.runtime.transport.addresses import parse_address
 from p2pfl.wire import NodeKey
 from p2pfl.wire.errors import quote
 
@@ -65,11 +65,10 @@ def _check_url(url: Any) -> None:
     if not isinstance(url, str) or len(url) > MAX_URL_CHARS or not url.startswith(("http://", "https://")):
         raise Refused(MALFORMED, f"url: expected an http(s) URL of at most {MAX_URL_CHARS} characters, got {quote(url)}")
     try:
-        parts = urlsplit(url)
-        port = parts.port
+        address = parse_address(url)
     except ValueError:
         raise Refused(MALFORMED, f"url: {quote(url)} is not a URL") from None
-    if not parts.hostname or not port:
+    if not address.host or not address.port:
         raise Refused(MALFORMED, f"url: expected http(s)://host:port, got {quote(url)}")
 
 
