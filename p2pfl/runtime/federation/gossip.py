@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -74,6 +74,10 @@ class Gossip:
         self.rng = random.Random(seed)
         self.log = log or directory.log
         self.session: aiohttp.ClientSession | None = None
+        # Once its node listens, exchanges go out through the node's carrier (`PeerDirectory.caller`):
+        # counted with the node's bytes, bounded by its limits. Discovery, before the node, uses a
+        # session of its own.
+        self.call: Callable[[str, bytes, int], Awaitable[tuple[int, bytes]]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._floods: set[asyncio.Task[None]] = set()
         self.exchanges = 0  # made by this node (for its result)
@@ -105,10 +109,12 @@ class Gossip:
     async def exchange(self, url: str, payload: Mapping[str, Any] | None = None) -> bool:
         """One exchange with `url`; True if it answered and its answer was taken. Raises
         `ExchangeFailed` with what it answered otherwise."""
-        session = await self._session()
         body = encode(payload if payload is not None else self.directory.payload())
 
         async def post() -> tuple[int, bytes]:
+            if self.call is not None:
+                return await self.call(url.rstrip("/") + PATH, body, MAX_EXCHANGE_BYTES)
+            session = await self._session()
             # Unpinned TLS (an https seed is known by its address only): what an exchange carries is
             # signed by members and the federation, so a man in the middle can withhold, not forge.
             async with session.post(url.rstrip("/") + PATH, data=body, ssl=False,

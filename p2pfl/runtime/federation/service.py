@@ -93,6 +93,7 @@ class FederationMember:
     async def start(self, node: NodeHandle) -> None:
         self.node = node
         node.peers.serve(SERVICE, self.serve)
+        self.gossip.call = node.peers.caller()
         node.peers.reachable(self.config.url is not None)
         node.peers.keep(self.degree or 1 << 30)
         if self.directory.revoked_self:  # told while it discovered: it does not start its rounds

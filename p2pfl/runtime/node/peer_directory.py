@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from p2pfl.runtime.transport import Transport
 
 Service = Callable[[bytes | None], Awaitable[tuple[int, bytes]]]
+Call = Callable[[str, bytes, int], Awaitable[tuple[int, bytes]]]  # (url, body, answer limit) -> (status, answer)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class PeerDirectory:
     def serve(self, name: str, handler: Service) -> None:
         """Answer `/v1/service/{name}` on the node's port (the carrier counts and bounds it)."""
         self._transport.services[name] = handler
+
+    def caller(self) -> Call | None:
+        """How a companion calls another member's service through the node's carrier (its bytes
+        counted, its answers bounded); None where the carrier has no calls out (in memory only)."""
+        return getattr(self._transport, "call", None)
 
     def reachable(self, reachable: bool) -> None:
         """False: nobody can reach this node (outbound only); it pushes its parts to its readers."""

@@ -391,3 +391,67 @@ def test_an_outbound_only_member_cannot_be_impersonated(tmp_path: Path) -> None:
     assert member.directory.refusals == 2 and member.directory.refused["omega"][0] == "wrong_federation"
     assert out["taken before"] == set()
     assert out["omega's push"] in (200, 202)
+
+
+def test_once_its_node_listens_a_members_exchanges_go_out_through_the_carrier_counted_and_bounded() -> None:
+    """`PeerDirectory.caller`: the gossip's exchanges use the node's carrier, so their bytes are in
+    the node's totals (control) and an answer over an exchange's bound is refused there as well."""
+    import logging
+
+    import pytest
+
+    from aiohttp import web
+
+    from p2pfl.hosting.ports import free_ports
+    from p2pfl.runtime.accounting import CONTROL, ByteCounter
+    from p2pfl.runtime.federation.certificates import issue
+    from p2pfl.runtime.federation.directory import Directory
+    from p2pfl.runtime.federation.gossip import MAX_EXCHANGE_BYTES, PATH, ExchangeFailed, Gossip
+    from p2pfl.runtime.federation.gossip import encode as encode_exchange
+    from p2pfl.runtime.federation.records import sign_record
+    from p2pfl.runtime.transport import TransportSettings, build_transport
+    from p2pfl.wire import Roster, WireLimits
+
+    federation, seed_key, key = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+    now = time.time()
+    seed = sign_record(seed_key, issue(federation, "seed", seed_key.public_hex, now=now - 60), "http://127.0.0.1:1",
+                       now=now - 1)
+    answers = [encode_exchange({"records": [seed.to_dict()]}), b"\x00" * (MAX_EXCHANGE_BYTES + 1)]
+
+    async def body() -> None:
+        async def exchange(request: web.Request) -> web.Response:
+            await request.read()
+            return web.Response(body=answers.pop(0), content_type="application/msgpack")
+
+        app = web.Application(client_max_size=2**20)
+        app.router.add_post(PATH, exchange)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        counter = ByteCounter()
+        carrier = build_transport("http", TransportSettings(
+            node_id="joiner", key=key, roster=Roster({}), urls={}, counter=counter,
+            limits=WireLimits(max_message_bytes=2**20), log=logging.getLogger("test.carrier")))
+        carrier.attach(expected_for=lambda kind, part: None, on_message=lambda m: None,
+                       status=lambda: {"id": "joiner"}, meta_schema_for=lambda kind, part: None)
+        await carrier.start("127.0.0.1", free_ports(1, "127.0.0.1")[0])
+        own = sign_record(key, issue(federation, "joiner", key.public_hex, now=now - 60), None, now=now)
+        gossip = Gossip(Directory(federation.public_hex, own))
+        gossip.call = carrier.call  # as FederationMember.start sets it from node.peers.caller()
+        try:
+            await gossip.exchange(url)
+            assert set(gossip.directory.records) == {"seed"} and gossip.session is None  # no session of its own
+            totals = counter.totals()
+            sent, got = totals["bytes_sent"], totals["bytes_received"]
+            assert sent > 0 and got >= len(encode_exchange({"records": [seed.to_dict()]}))
+            with pytest.raises(ExchangeFailed, match="refuses"):
+                await gossip.exchange(url)
+            assert counter.totals()["bytes_sent"] > sent  # the refused exchange's request is counted too
+            assert CONTROL in str(counter.rounds[0].sent)
+        finally:
+            await gossip.close()
+            await carrier.close()
+            await runner.cleanup()
+
+    asyncio.run(body())

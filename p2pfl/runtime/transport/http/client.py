@@ -136,6 +136,18 @@ class HttpClient:
                 backoff = min(backoff * 2, 5.0)
         return False
 
+    async def call(self: Endpoint, url: str, body: bytes, limit: int) -> tuple[int, bytes]:
+        """POST `body` to another member's service at `url` (`/v1/service/{name}`) over this
+        carrier's session: its bytes are counted as control, its answer read to at most `limit`
+        bytes (ValueError above it). Unpinned TLS: what a service answers is signed by members."""
+        assert self._session is not None, "start() the endpoint first"
+        async with self._session.post(url, data=body, ssl=False,
+                                      headers={"Content-Type": "application/msgpack"}) as response:
+            self.counter.sent(CONTROL, len(body), 0)
+            answer = await read_bounded(response, limit)
+        self.counter.received(CONTROL, len(answer), 0)
+        return response.status, answer
+
     async def status_of(self: Endpoint, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
         assert self._session is not None
         if peer not in self.urls:  # a member nobody can reach (outbound only), or one taken out
