@@ -33,6 +33,7 @@ from p2pfl.runtime.checkpoint import (CheckpointError, read_resumable, restore_r
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
+from p2pfl.runtime.node.records import Stage
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.devices import host_snapshot, to_device
 from p2pfl.runtime.coordinator_half import CoordinatorHalf, Reply, Submission
@@ -40,7 +41,6 @@ from p2pfl.runtime.settings import CoordinatorSettings
 from p2pfl.runtime.transport import SETUP_PREFIX, Transport
 from p2pfl.training.trainer import LocalTrainer
 from p2pfl.wire import Message, NodeKey
-
 
 
 def weighed_as_capped(submissions: list[Submission], max_weight_ratio: float) -> list[Submission]:
@@ -92,8 +92,7 @@ class Coordinator:
         self.declared_sizes = DeclaredSizes()
         self.arrived = asyncio.Event()
         self.round = 0
-        self.setup_done = self.half.setup_kind is None
-        self.done = False
+        self.stage = Stage.BUILT if self.half.setup_kind is not None else Stage.SET_UP  # the node's stages
         self.rounds: list[dict[str, Any]] = []
         self.setup_record: dict[str, Any] | None = None
         self.key = parts.key
@@ -101,8 +100,8 @@ class Coordinator:
         self.endpoint.attach(
             expected_for=lambda kind, part: self._declared(kind, "spec"),
             meta_schema_for=lambda kind, part: self._declared(kind, "meta"),
-            on_message=self._on_submission, status=lambda: {"id": config.id, "round": self.round, "done": self.done},
-            on_departed=self._on_departed,
+            on_message=self._on_submission, on_departed=self._on_departed,
+            status=lambda: {"id": config.id, "round": self.round, "done": self.stage is Stage.DONE},
         )
 
     def _declared(self, kind: str, what: str) -> Any:
@@ -112,7 +111,7 @@ class Coordinator:
     def _on_submission(self, message: Message) -> None:
         h = message.header
         if h.round == 0 and h.kind == self.half.setup_kind:
-            if self.setup_done:
+            if self.stage >= Stage.SET_UP:
                 raise ValueError("the setup exchange is over")
         elif h.kind != self.half.round_kind or h.round < 1:
             raise ValueError(f"kind {h.kind!r} in round {h.round} is not what {self.settings.algorithm} exchanges")
@@ -168,14 +167,15 @@ class Coordinator:
             first = 1
             if self.resume and self.half.round_kind is None:
                 # Nothing to restore: the nodes resume with what setup gave them and never ask again.
-                self.setup_done = True
+                self.stage = Stage.SET_UP
             elif self.resume:
                 first = self.restore() + 1
                 if self.rounds:  # serve the restored global model at once
                     await self.endpoint.publish(self.round, self.round, {"global": host_snapshot(part_state(self.model, "full"))},
                                                 {"weights": dict(self.rounds[-1]["weights"])})
-            if not self.setup_done:
+            if self.stage < Stage.SET_UP:
                 await self.run_setup()
+            self.stage = Stage.IN_ROUNDS
             for r in range(first, sc.rounds + 1 if self.half.round_kind is not None else first):
                 self.counter.begin_round(r)
                 t0 = time.perf_counter()
@@ -221,7 +221,7 @@ class Coordinator:
         if status == "ok" and short:
             status = "degraded"  # aggregated without live members: see each round's `missing_live`
             error = f"rounds {short} were aggregated without members that were still live"
-        self.done = True
+        self.stage = Stage.DONE
         await self.endpoint.linger(set(self.config.peers), self.settings.linger_s)
         result = {
             "id": cfg.id, "status": status, "error": error, "rounds": self.rounds, "setup": self.setup_record,
@@ -232,7 +232,6 @@ class Coordinator:
         self.folder.write_result(cfg.id, result)
         await self.endpoint.close()
         return result
-
 
     async def publish(self, version: int, round_: int, reply: Reply) -> None:
         await self.endpoint.publish(
@@ -246,7 +245,7 @@ class Coordinator:
         t0 = time.perf_counter()
         self.counter.begin_round(0)
         got = await self.collect(0)
-        self.setup_done = True
+        self.stage = Stage.SET_UP
         if not got:
             raise RuntimeError("no node took part in the setup exchange")
         missing = self.expected - set(got)
