@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.transport.addresses import parse_address
+from p2pfl.runtime.transport.addresses import is_http, parse_address
 
 COORDINATOR_ID = "coordinator"  # the optional coordinator's id, in rosters, configs and messages
 
@@ -36,7 +36,7 @@ def parse_peer(value: Any, where: str) -> PeerInfo:
         if key not in ("url", "public_key", "tls_fingerprint"):
             raise ConfigError(f"{where}.{key}", "unknown field; allowed: url, public_key, tls_fingerprint")
     url, pub = value.get("url"), value.get("public_key")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+    if not is_http(url):
         raise ConfigError(f"{where}.url", f"expected an http(s) URL, got {url!r}")
     try:
         address = parse_address(url)

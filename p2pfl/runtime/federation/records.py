@@ -14,7 +14,7 @@ import msgpack
 
 from p2pfl.runtime.federation.certificates import (MALFORMED, Certificate, Refused, Revocations, _member_id, _time, check,
                                                    signature_holds)
-from p2pfl.runtime.transport.addresses import parse_address
+from p2pfl.runtime.transport.addresses import is_http, parse_address
 from p2pfl.wire import NodeKey
 from p2pfl.wire.errors import quote
 
@@ -62,7 +62,7 @@ class MemberRecord:
 
 
 def _check_url(url: Any) -> None:
-    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or not url.startswith(("http://", "https://")):
+    if not is_http(url) or len(url) > MAX_URL_CHARS:
         raise Refused(MALFORMED, f"url: expected an http(s) URL of at most {MAX_URL_CHARS} characters, got {quote(url)}")
     try:
         address = parse_address(url)

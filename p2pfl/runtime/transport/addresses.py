@@ -6,6 +6,7 @@ it here, so that a carrier with an address format of its own changes one module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 from urllib.parse import urlsplit
 
 SCHEMES = ("http://", "https://")
@@ -34,7 +35,8 @@ def parse_address(url: str) -> Address:
     return Address(parts.scheme, parts.hostname or "", parts.port, parts.netloc)
 
 
-def is_http(url: object) -> bool:
+def is_http(url: object) -> TypeGuard[str]:
+    """An http:// or https:// address (the carriers' one scheme family)."""
     return isinstance(url, str) and url.startswith(SCHEMES)
 
 
