@@ -52,7 +52,7 @@ from p2pfl.runtime.files import RecordAppender
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.safeguard import DEFAULT_LEVEL, LocalReference, LocalSafeguard, MixSafeguard, Safeguard
 from p2pfl.runtime.settings import CoordinatorSettings, NodeSettings
-from p2pfl.runtime.status import PROGRESS_ENV, PROGRESS_PREFIX, exit_status
+from p2pfl.runtime.status import COORDINATOR_ENDED_BADLY, PROGRESS_ENV, PROGRESS_PREFIX, exit_status
 from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.topology import Topology
@@ -304,8 +304,7 @@ def build_coordinator(config: NodeConfig, scenario: Scenario | None = None, *, r
 
 def run_coordinator(config: NodeConfig, resume: bool = False) -> int:
     logs.configure(f"%(asctime)s {config.id} %(levelname)s %(message)s")
-    result = run_stoppable(build_coordinator(config, resume=resume).run())
-    return 1 if result["status"] in ("failed", "degraded") else 0
+    return exit_status([run_stoppable(build_coordinator(config, resume=resume).run())], COORDINATOR_ENDED_BADLY)
 
 
 def run_worker(config_paths: Sequence[Path], resume: bool = False, together: bool = False) -> int:

@@ -17,6 +17,7 @@ Waits, each named in `[runtime]`: `first_submission_wait_s` for the first node o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -32,28 +33,16 @@ from p2pfl.runtime.checkpoint import (CheckpointError, read_resumable, restore_r
                                      scenario_digest)
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.deadline import wait_at_most
-from p2pfl.runtime.peer_claims import DeclaredSizes, capped_sizes
-from p2pfl.runtime.node.records import Stage
+from p2pfl.runtime.peer_claims import DeclaredSizes
+from p2pfl.runtime.node.records import CoordinatorRoundRecord, Stage
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.devices import host_snapshot, to_device
-from p2pfl.runtime.coordinator_half import CoordinatorHalf, Reply, Submission
+from p2pfl.runtime.coordinator_half import CoordinatorHalf, Reply, Submission, weighed_as_capped
 from p2pfl.runtime.settings import CoordinatorSettings
 from p2pfl.runtime.transport import SETUP_PREFIX, Transport
 from p2pfl.training.trainer import LocalTrainer
 from p2pfl.wire import Message, NodeKey
 
-
-def weighed_as_capped(submissions: list[Submission], max_weight_ratio: float) -> list[Submission]:
-    """The round's submissions with each `n_train` capped (`p2pfl.runtime.peer_claims.capped_sizes`):
-    one node's claim cannot make it the global model."""
-    sized = [i for i, sub in enumerate(submissions) if "n_train" in sub.meta]
-    capped = capped_sizes([int(submissions[i].meta["n_train"]) for i in sized], max_weight_ratio)
-    out = list(submissions)
-    for i, n in zip(sized, capped):
-        if n != submissions[i].meta["n_train"]:
-            out[i] = dataclasses.replace(submissions[i], meta={**submissions[i].meta, "n_train": n,
-                                                               "n_train_claimed": submissions[i].meta["n_train"]})
-    return out
 
 @dataclasses.dataclass
 class CoordinatorParts:
@@ -158,80 +147,85 @@ class Coordinator:
                 pass
 
     async def run(self) -> dict[str, Any]:
-        cfg, sc = self.config, self.settings
-        await self.endpoint.start(cfg.host, cfg.port)
-        self.log.info("coordinator on %s:%d for %d nodes, %s", cfg.host, cfg.port, len(cfg.peers), sc.algorithm)
-        started = time.perf_counter()
-        status, error = "ok", None
-        try:
-            first = 1
-            if self.resume and self.half.round_kind is None:
-                # Nothing to restore: the nodes resume with what setup gave them and never ask again.
-                self.stage = Stage.SET_UP
-            elif self.resume:
-                first = self.restore() + 1
-                if self.rounds:  # serve the restored global model at once
-                    await self.endpoint.publish(self.round, self.round, {"global": host_snapshot(part_state(self.model, "full"))},
-                                                {"weights": dict(self.rounds[-1]["weights"])})
-            if self.stage < Stage.SET_UP:
-                await self.run_setup()
-            self.stage = Stage.IN_ROUNDS
-            for r in range(first, sc.rounds + 1 if self.half.round_kind is not None else first):
-                self.counter.begin_round(r)
-                t0 = time.perf_counter()
-                got = await self.collect(r)
-                if not got:
-                    self.log.warning("no node submitted round %d; stopping", r)
-                    break
-                missing = sorted(self.expected - set(got))
-                live: list[str] = []
-                if missing:
-                    # A member that still answers was kept out (its pushes refused or lost), not gone:
-                    # it is waited for again, and the round says so. A silent one is not waited for again.
-                    statuses = await asyncio.gather(*(self.endpoint.status_of(p, timeout=2.0) for p in missing))
-                    live = [p for p, s in zip(missing, statuses) if s is not None and not s.get("done")]
-                    self.log.warning("round %d: no statistics from %s (%s still live); aggregating without them",
-                                     r, missing, live or "none")
-                self.expected = (set(got) | set(live)) - set(self.endpoint.departed)
-                subs = weighed_as_capped([got[k] for k in sorted(got)], sc.max_weight_ratio)
-                reply = await asyncio.to_thread(self.half.aggregate, r, subs)
-                held_acc = None
-                if reply.model is not None:
-                    load_part(self.model, reply.model)
-                    if self.held_out is not None:
-                        held_acc, _ = self.evaluator.evaluate(self.model, self.held_out)
-                self.round = r
-                await self.publish(r, r, reply)
-                self.rounds.append({
-                    "round": r, "weights": dict(reply.meta.get("weights", {})), "info": reply.info, "held_out_acc": held_acc,
-                    "submitted": sorted(got), **self.counter.round_summary(r), "wall_s": time.perf_counter() - t0,
-                    **({"missing": missing, "missing_live": live} if missing else {}),
-                })
-                self.log.info("round %d aggregated from %d nodes, held-out acc %s", r, len(got), held_acc)
-                self.submissions.pop(r, None)
-                await asyncio.to_thread(self.write_checkpoint)
-        except asyncio.CancelledError:  # the process is going down: its nodes' waiting reads end, its port is freed
-            await self.endpoint.stop_listening()
-            await self.endpoint.close()
-            raise
-        except Exception as exc:
-            status, error = "failed", "".join(traceback.format_exception(exc))
-            self.log.error("coordinator failed:\n%s", error)
-        short = [x["round"] for x in self.rounds if x.get("missing_live")]
-        if status == "ok" and short:
-            status = "degraded"  # aggregated without live members: see each round's `missing_live`
-            error = f"rounds {short} were aggregated without members that were still live"
-        self.stage = Stage.DONE
-        await self.endpoint.linger(set(self.config.peers), self.settings.linger_s)
-        result = {
-            "id": cfg.id, "status": status, "error": error, "rounds": self.rounds, "setup": self.setup_record,
-            "held_out_domain": self.held_out_domain, "totals": self.counter.totals(),
-            "rejected": self.endpoint.rejections.summary(),
-            "wall_s": time.perf_counter() - started,
-        }
-        self.folder.write_result(cfg.id, result)
-        await self.endpoint.close()
+        cfg = self.config
+        # What it opens is closed on every path, as a node's is: cancelled (SIGTERM, Ctrl-C), it first
+        # stops listening, so that its nodes' waiting reads end and its port is freed at once.
+        async with contextlib.AsyncExitStack() as opened:
+            await self.endpoint.start(cfg.host, cfg.port)
+            opened.push_async_callback(self.endpoint.close)
+            self.log.info("coordinator on %s:%d for %d nodes, %s", cfg.host, cfg.port, len(cfg.peers),
+                          self.settings.algorithm)
+            started = time.perf_counter()
+            status, error = "ok", None
+            try:
+                await self._rounds()
+            except asyncio.CancelledError:
+                await self.endpoint.stop_listening()
+                raise
+            except Exception as exc:
+                status, error = "failed", "".join(traceback.format_exception(exc))
+                self.log.error("coordinator failed:\n%s", error)
+            short = [x["round"] for x in self.rounds if x.get("missing_live")]
+            if status == "ok" and short:
+                status = "degraded"  # aggregated without live members: see each round's `missing_live`
+                error = f"rounds {short} were aggregated without members that were still live"
+            self.stage = Stage.DONE
+            await self.endpoint.linger(set(cfg.peers), self.settings.linger_s)
+            result = {
+                "id": cfg.id, "status": status, "error": error, "rounds": self.rounds, "setup": self.setup_record,
+                "held_out_domain": self.held_out_domain, "totals": self.counter.totals(),
+                "rejected": self.endpoint.rejections.summary(), "wall_s": time.perf_counter() - started,
+            }
+            self.folder.write_result(cfg.id, result)
         return result
+
+    async def _rounds(self) -> None:
+        sc = self.settings
+        first = 1
+        if self.resume and self.half.round_kind is None:
+            # Nothing to restore: the nodes resume with what setup gave them and never ask again.
+            self.stage = Stage.SET_UP
+        elif self.resume:
+            first = self.restore() + 1
+            if self.rounds:  # serve the restored global model at once
+                await self.endpoint.publish(self.round, self.round, {"global": host_snapshot(part_state(self.model, "full"))},
+                                            {"weights": dict(self.rounds[-1]["weights"])})
+        if self.stage < Stage.SET_UP:
+            await self.run_setup()
+        self.stage = Stage.IN_ROUNDS
+        for r in range(first, sc.rounds + 1 if self.half.round_kind is not None else first):
+            self.counter.begin_round(r)
+            t0, started_at = time.perf_counter(), time.time()
+            got = await self.collect(r)
+            if not got:
+                self.log.warning("no node submitted round %d; stopping", r)
+                return
+            missing = sorted(self.expected - set(got))
+            live: list[str] = []
+            if missing:
+                # A member that still answers was kept out (its pushes refused or lost), not gone:
+                # it is waited for again, and the round says so. A silent one is not waited for again.
+                statuses = await asyncio.gather(*(self.endpoint.status_of(p, timeout=2.0) for p in missing))
+                live = [p for p, s in zip(missing, statuses) if s is not None and not s.get("done")]
+                self.log.warning("round %d: no statistics from %s (%s still live); aggregating without them",
+                                 r, missing, live or "none")
+            self.expected = (set(got) | set(live)) - set(self.endpoint.departed)
+            subs = weighed_as_capped([got[k] for k in sorted(got)], sc.max_weight_ratio)
+            reply = await asyncio.to_thread(self.half.aggregate, r, subs)
+            held_acc = None
+            if reply.model is not None:
+                load_part(self.model, reply.model)
+                if self.held_out is not None:
+                    held_acc, _ = self.evaluator.evaluate(self.model, self.held_out)
+            self.round = r
+            await self.publish(r, r, reply)
+            self.rounds.append(CoordinatorRoundRecord(
+                round=r, traffic=self.counter.round_summary(r), wall_s=time.perf_counter() - t0, started_at=started_at,
+                weights=dict(reply.meta.get("weights", {})), info=reply.info, held_out_acc=held_acc,
+                submitted=sorted(got), missing=missing, missing_live=live).to_json())
+            self.log.info("round %d aggregated from %d nodes, held-out acc %s", r, len(got), held_acc)
+            self.submissions.pop(r, None)
+            await asyncio.to_thread(self.write_checkpoint)
 
     async def publish(self, version: int, round_: int, reply: Reply) -> None:
         await self.endpoint.publish(

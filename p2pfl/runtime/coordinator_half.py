@@ -4,12 +4,14 @@ no HTTP, no files; `p2pfl.runtime.coordinator` moves the bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from p2pfl.models import SplitModel
+from p2pfl.runtime.peer_claims import capped_sizes
 from p2pfl.runtime.strategy import PartDecl
 
 
@@ -35,6 +37,19 @@ class Reply:
     addressed: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=dict)
     model: dict[str, torch.Tensor] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def weighed_as_capped(submissions: list[Submission], max_weight_ratio: float) -> list[Submission]:
+    """The round's submissions with each `n_train` capped (`p2pfl.runtime.peer_claims.capped_sizes`):
+    one node's claim cannot make it the global model."""
+    sized = [i for i, sub in enumerate(submissions) if "n_train" in sub.meta]
+    capped = capped_sizes([int(submissions[i].meta["n_train"]) for i in sized], max_weight_ratio)
+    out = list(submissions)
+    for i, n in zip(sized, capped):
+        if n != submissions[i].meta["n_train"]:
+            out[i] = dataclasses.replace(submissions[i], meta={**submissions[i].meta, "n_train": n,
+                                                               "n_train_claimed": submissions[i].meta["n_train"]})
+    return out
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,21 @@ def test_a_live_member_kept_out_of_a_round_is_waited_for_again_and_named(tmp_pat
     assert rounds[2]["missing"] == ["node-2"] and rounds[2]["missing_live"] == ["node-2"]
     assert rounds[3]["submitted"] == rounds[4]["submitted"] == ["node-0", "node-1", "node-2"]  # waited for again
     assert coord["status"] == "degraded" and "[2]" in coord["error"]
+    # Its round records say what a node's do of every round (round, bytes, wall_s, started_at).
+    node_round = results[0]["rounds"][1]
+    assert {"round", "bytes_sent", "bytes_received", "wall_s", "started_at"} <= set(rounds[2]) & set(node_round)
+    assert node_round["started_at"] <= rounds[2]["started_at"] + rounds[2]["wall_s"]
+
+
+def test_the_coordinator_exits_as_a_node_does_and_non_zero_when_degraded() -> None:
+    """One exit-status rule for both (2 not started, 130 interrupted, 1 ended badly); a node's
+    "degraded" (rounds with nothing from peers) exits 0, the coordinator's (a live member kept
+    out: docs/security.md, attack 1) exits 1."""
+    from p2pfl.runtime.status import COORDINATOR_ENDED_BADLY, exit_status
+
+    for ended_badly in (None, COORDINATOR_ENDED_BADLY):
+        rule = (lambda rs: exit_status(rs)) if ended_badly is None else (lambda rs: exit_status(rs, ended_badly))
+        assert rule([{"status": "ok"}]) == 0 and rule([{}]) == 2 and rule([{"status": "interrupted"}]) == 130
+        assert rule([{"status": "failed"}]) == rule([{"status": "revoked"}]) == 1
+    assert exit_status([{"status": "degraded"}]) == 0
+    assert exit_status([{"status": "degraded"}], COORDINATOR_ENDED_BADLY) == 1

@@ -164,7 +164,7 @@ def test_the_coordinator_takes_only_the_round_it_collects_and_pins_n_train(tmp_p
 
 def test_a_claimed_billion_samples_cannot_set_the_global_model(tmp_path: Path) -> None:
     """Review finding 3."""
-    from p2pfl.runtime.coordinator import weighed_as_capped
+    from p2pfl.runtime.coordinator_half import weighed_as_capped
 
     coordinator, _ = _coordinator(tmp_path)
     ones = {k: torch.ones_like(v) for k, v in part_state(coordinator.model, "full").items() if v.is_floating_point()}

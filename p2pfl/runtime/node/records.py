@@ -31,10 +31,20 @@ def epsilon_for_json(epsilon: float | None) -> float | str | None:
 
 
 @dataclass(frozen=True)
-class RoundRecord:
-    """One round of one node, as results.json, the rounds file and the checkpoint keep it (`to_json`)."""
+class RoundEntry:
+    """What every round record says, a node's and the coordinator's: which round, its bytes (the
+    byte counter's summary, flat in the JSON), how long it took and when it started."""
 
     round: int
+    traffic: Mapping[str, Any]  # the byte counter's summary of the round (bytes_sent, bytes_received, ...)
+    wall_s: float
+    started_at: float
+
+
+@dataclass(frozen=True)
+class RoundRecord(RoundEntry):
+    """One round of one node, as results.json, the rounds file and the checkpoint keep it (`to_json`)."""
+
     participated: bool
     test_acc: float           # the model the node deploys, after its local training
     test_loss: float
@@ -45,9 +55,6 @@ class RoundRecord:
     val_acc_aggregated: float | None
     train_loss: float | None
     train_steps: int
-    traffic: Mapping[str, Any]  # the byte counter's summary of the round (bytes_sent, bytes_received, ...)
-    wall_s: float
-    started_at: float
     time: Mapping[str, float]   # seconds per phase (p2pfl.runtime.timing)
     epsilon: float | str | None
     asked: int = 0
@@ -96,6 +103,26 @@ class RoundRecord:
             doc["aggregate_refused"] = self.aggregate_refused
         doc.update(self.safeguard)
         return doc
+
+
+@dataclass(frozen=True)
+class CoordinatorRoundRecord(RoundEntry):
+    """One round the coordinator aggregated: the weights its half gave each node, what the half
+    reports (`info`), the global model's accuracy on the held-out domain, who submitted, and who
+    did not (`missing`; `missing_live`: those still answering, which make the coordinator's run
+    "degraded")."""
+
+    weights: Mapping[str, float]
+    info: Mapping[str, Any]
+    held_out_acc: float | None
+    submitted: Sequence[str]
+    missing: Sequence[str] = ()
+    missing_live: Sequence[str] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "weights": dict(self.weights), "info": self.info, "held_out_acc": self.held_out_acc,
+                "submitted": list(self.submitted), **self.traffic, "wall_s": self.wall_s, "started_at": self.started_at,
+                **({"missing": list(self.missing), "missing_live": list(self.missing_live)} if self.missing else {})}
 
 
 # Readers of round records kept as JSON (results.json, rounds files, checkpoints) name keys by these.
