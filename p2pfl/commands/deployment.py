@@ -60,6 +60,7 @@ def _keygen(args: argparse.Namespace) -> int:
     from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
     from p2pfl.runtime.roster import entry_toml
     from p2pfl.runtime.tls import fingerprint
+    from p2pfl.runtime.transport.addresses import HTTP
     from p2pfl.wire import NodeKey
 
     if not NODE_ID.fullmatch(args.node_id):
@@ -72,7 +73,7 @@ def _keygen(args: argparse.Namespace) -> int:
         raise ConfigError("--out", f"{path} exists; a new key would orphan the roster's entry (pass --force to replace it)")
     args.out.mkdir(parents=True, exist_ok=True)
     key = NodeKey.generate()
-    url = args.url or ("https" if args.tls else "http") + "://HOST:PORT"
+    url = args.url or HTTP.format("HOST", "PORT", tls=args.tls)  # a LAN's nodes are reached over HTTP
     if args.url is not None:
         parse_peer({"url": url, "public_key": key.public_hex}, "--url")
     key.save(path)

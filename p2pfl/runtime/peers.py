@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.transport.addresses import is_http, parse_address
+from p2pfl.runtime.transport.addresses import address_format_of, known_shapes
 
 COORDINATOR_ID = "coordinator"  # the optional coordinator's id, in rosters, configs and messages
 
@@ -36,14 +36,15 @@ def parse_peer(value: Any, where: str) -> PeerInfo:
         if key not in ("url", "public_key", "tls_fingerprint"):
             raise ConfigError(f"{where}.{key}", "unknown field; allowed: url, public_key, tls_fingerprint")
     url, pub = value.get("url"), value.get("public_key")
-    if not is_http(url):
-        raise ConfigError(f"{where}.url", f"expected an http(s) URL, got {url!r}")
+    fmt = address_format_of(url)
+    if fmt is None:
+        raise ConfigError(f"{where}.url", f"expected a carrier's address ({known_shapes()}), got {url!r}")
     try:
-        address = parse_address(url)
+        address = fmt.parse(url)
     except ValueError as exc:
         raise ConfigError(f"{where}.url", f"{url!r}: {exc}") from None
     if not address.host or any(c in address.netloc for c in " <>") or address.port == 0:
-        raise ConfigError(f"{where}.url", f"expected http(s)://host:port with a real host, got {url!r}")
+        raise ConfigError(f"{where}.url", f"expected {fmt.shape} with a real host, got {url!r}")
     if not isinstance(pub, str) or len(pub) != 64:
         raise ConfigError(f"{where}.public_key", "expected the peer's Ed25519 public key as 64 hex characters")
     try:

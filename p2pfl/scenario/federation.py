@@ -13,6 +13,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.runtime.config import NodeConfig
 from p2pfl.runtime.federation.service import FederationMember
 from p2pfl.runtime.topology import Topology
+from p2pfl.runtime.transport.addresses import HTTP
 from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import NodeKey
 
@@ -27,7 +28,7 @@ def federation_member(config: NodeConfig) -> FederationMember:
     if needs_coordinator(sc.algorithm.name, sc.algorithm.params):
         raise ConfigError("algorithm.name", f"{sc.algorithm.name} has a global step, run by a coordinator, which a "
                                             "federation does not have yet; use a roster (p2pfl lan) for it")
-    scheme = "https" if sc.runtime.tls else "http"
+    scheme = HTTP.scheme(sc.runtime.tls)
     for where, url in [("federation.url", config.federation.url), *(("federation.seeds", s) for s in config.federation.seeds)]:
         if url is not None and not url.startswith(f"{scheme}://"):
             raise ConfigError(where, f"{url}: runtime.tls is {str(sc.runtime.tls).lower()}, so members are reached at "

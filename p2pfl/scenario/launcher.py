@@ -34,6 +34,7 @@ from p2pfl.runtime.strategy import COORDINATOR_ID
 from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.topology import Topology
+from p2pfl.runtime.transport import addresses_of
 from p2pfl.hosting import Hosting, hosting_for
 from p2pfl.hosting.ports import free_ports
 from p2pfl.hosting.process import reap, spawn
@@ -55,9 +56,10 @@ def uses_coordinator(scenario: Scenario) -> bool:
 
 def peer_info(scenario: Scenario, node_id: str, key: NodeKey, host: str, port: int) -> PeerInfo:
     """How peers reach and recognise `node_id`: URL, public key, and with TLS its certificate's fingerprint."""
+    url = addresses_of(scenario.runtime.transport).format(host, port, tls=scenario.runtime.tls)
     if scenario.runtime.tls:
-        return PeerInfo(f"https://{host}:{port}", key.public_hex, tls_fingerprint(key, node_id))
-    return PeerInfo(f"http://{host}:{port}", key.public_hex)
+        return PeerInfo(url, key.public_hex, tls_fingerprint(key, node_id))
+    return PeerInfo(url, key.public_hex)
 
 
 def write_run_folder(scenario: Scenario, out: Path,

@@ -26,6 +26,9 @@ def _assert_the_run_over_http(tmp_path: Path, path: Path, carrier: str, placemen
         assert code == 0, results["summary"]
         runs[name] = results
     assert first_difference(runs["http"], runs[carrier]) is None
+    # Each carrier kind writes its own address format into the run's roster (loopback: loopback://).
+    scheme = "loopback" if carrier == "loopback" else "http"
+    assert f'url = "{scheme}://' in (tmp_path / carrier / "nodes" / "roster.toml").read_text()
     for a, b in zip(runs["http"]["nodes"], runs[carrier]["nodes"]):
         assert a["totals"]["param_bytes_received"] == b["totals"]["param_bytes_received"] > 0
 

@@ -209,6 +209,34 @@ def test_carriers_are_found_by_name_and_unknown_ones_named() -> None:
     assert "loopback-again" in CARRIERS and transport_factory("loopback-again") is not None
 
 
+def test_a_carrier_kind_with_an_address_format_of_its_own_is_read_everywhere_from_its_registration() -> None:
+    """Registering a kind with its format is the one change: the launcher writes its nodes at that
+    format's addresses, rosters and node configs read them; a federation (HTTP between members)
+    refuses them, and an address no kind reads names the formats there are."""
+    from types import SimpleNamespace
+
+    from p2pfl.errors import ConfigError
+    from p2pfl.runtime.federation.config import _url
+    from p2pfl.runtime.peers import parse_peer
+    from p2pfl.runtime.transport import addresses_of
+    from p2pfl.runtime.transport.addresses import AddressFormat, parse_address
+    from p2pfl.scenario.launcher import peer_info
+
+    pigeon = AddressFormat(("pigeon",), tls_scheme="pigeons", default_ports={"pigeon": 7})
+    register_transport("pigeon-post", lambda settings: LoopbackCarrier(settings), addresses=pigeon)
+    assert addresses_of("pigeon-post") is pigeon and addresses_of("http").format("h", 1, tls=True) == "https://h:1"
+    key = NodeKey.generate()
+    scenario = SimpleNamespace(runtime=SimpleNamespace(transport="pigeon-post", tls=False))
+    info = peer_info(scenario, "node-0", key, "10.0.0.5", 9100)  # type: ignore[arg-type]
+    assert info.url == "pigeon://10.0.0.5:9100"
+    assert parse_peer({"url": info.url, "public_key": key.public_hex}, "node").url == info.url
+    assert parse_address("pigeon://10.0.0.5").endpoint == "10.0.0.5:7"
+    with pytest.raises(ConfigError, match=r"expected an http\(s\)://host:port address"):
+        _url(info.url, "federation.url")
+    with pytest.raises(ConfigError, match=r"expected a carrier's address \(http\(s\)://host:port, loopback://"):
+        parse_peer({"url": "carrier-pigeon://h:1", "public_key": key.public_hex}, "node")
+
+
 def test_the_documented_carrier_example_passes_the_contract(tmp_path, monkeypatch) -> None:
     """docs/architecture.md's `DelayedLoopback`, verbatim: a new carrier in one module."""
     import re

@@ -27,7 +27,7 @@ from typing import Any
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.federation.certificates import Certificate, Refused, check
-from p2pfl.runtime.transport.addresses import is_http, parse_address
+from p2pfl.runtime.transport.addresses import HTTP
 
 FIELDS = ("public_key", "certificate", "seeds", "url", "gossip_s", "seed_wait_s", "revocations")
 MAX_SEEDS = 3
@@ -72,10 +72,10 @@ def read_public_key(value: str, base: Path, where: str) -> str:
 
 
 def _url(value: Any, where: str) -> str:
-    if not is_http(value):
-        raise ConfigError(where, f"expected an http(s)://host:port address, got {value!r}")
+    if not HTTP.reads(value):  # a federation's members reach each other over HTTP
+        raise ConfigError(where, f"expected an {HTTP.shape} address, got {value!r}")
     try:
-        address = parse_address(value)
+        address = HTTP.parse(value)
     except ValueError as exc:
         raise ConfigError(where, f"{value!r}: {exc}") from None
     if not address.host or not address.port:

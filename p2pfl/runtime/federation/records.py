@@ -14,7 +14,7 @@ import msgpack
 
 from p2pfl.runtime.federation.certificates import (MALFORMED, Certificate, Refused, Revocations, _member_id, _time, check,
                                                    signature_holds)
-from p2pfl.runtime.transport.addresses import is_http, parse_address
+from p2pfl.runtime.transport.addresses import HTTP
 from p2pfl.wire import NodeKey
 from p2pfl.wire.errors import quote
 
@@ -62,10 +62,11 @@ class MemberRecord:
 
 
 def _check_url(url: Any) -> None:
-    if not is_http(url) or len(url) > MAX_URL_CHARS:
+    # A federation's members reach each other over HTTP (its gossip and its carriers).
+    if not HTTP.reads(url) or len(url) > MAX_URL_CHARS:
         raise Refused(MALFORMED, f"url: expected an http(s) URL of at most {MAX_URL_CHARS} characters, got {quote(url)}")
     try:
-        address = parse_address(url)
+        address = HTTP.parse(url)
     except ValueError:
         raise Refused(MALFORMED, f"url: {quote(url)} is not a URL") from None
     if not address.host or not address.port:

@@ -13,7 +13,8 @@ name from `runtime.transport` (`build_transport`):
   "shared"): any placement, the coordinator and the LAN over HTTP as before.
 
 A new carrier is one module with a factory `(TransportSettings) -> Transport` (its class), registered by a
-line in `CARRIERS` below or named in a scenario as `runtime.transport = "pkg.module:factory"`;
+line in `CARRIERS` below (with its address format in `CARRIER_ADDRESSES`, `transport.addresses`), or
+by `register_transport`, or named in a scenario as `runtime.transport = "pkg.module:factory"`;
 `tests/runtime/transport_contract.py` is the suite it must pass.
 """
 
@@ -29,6 +30,7 @@ from p2pfl.runtime.accounting import ByteCounter
 from p2pfl.runtime.metadata import Schema
 from p2pfl.runtime.rejections import RejectionLog
 from p2pfl.runtime.statements import Statement
+from p2pfl.runtime.transport.addresses import HTTP, LOOPBACK, AddressFormat, register_address_format
 from p2pfl.runtime.transport.limits import ServerLimits
 from p2pfl.runtime.transport.stores import DEFAULT_HELD_BYTES, SETUP_PREFIX
 from p2pfl.wire import Message, NodeKey, ReplayGuard, Roster, WireLimits
@@ -126,13 +128,23 @@ CARRIERS: dict[str, str] = {
     "loopback": "p2pfl.runtime.transport.loopback:LoopbackCarrier",
     "colocated": "p2pfl.runtime.transport.colocated:ColocatedEndpoint",
 }
+# name -> how its nodes' addresses are written and read (a kind named "pkg.module:factory": HTTP's)
+CARRIER_ADDRESSES: dict[str, AddressFormat] = {"http": HTTP, "loopback": LOOPBACK, "colocated": HTTP}
 _BUILT: dict[str, TransportFactory] = {}
 
 
-def register_transport(name: str, factory: TransportFactory) -> None:
-    """Make `runtime.transport = name` build carriers with `factory` (in this process)."""
+def register_transport(name: str, factory: TransportFactory, addresses: AddressFormat = HTTP) -> None:
+    """Make `runtime.transport = name` build carriers with `factory` (in this process), its nodes
+    reached at `addresses`' addresses."""
     _BUILT[name] = factory
     CARRIERS.setdefault(name, f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}")
+    CARRIER_ADDRESSES[name] = addresses
+    register_address_format(addresses)
+
+
+def addresses_of(name: str) -> AddressFormat:
+    """The address format of carrier kind `name`."""
+    return CARRIER_ADDRESSES.get(name, HTTP)
 
 
 def transport_factory(name: str) -> TransportFactory:

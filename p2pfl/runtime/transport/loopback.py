@@ -17,7 +17,7 @@ import asyncio
 import json
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from p2pfl.runtime.accounting import CONTROL
@@ -26,9 +26,6 @@ from p2pfl.runtime.transport.base import GOODBYE, MAX_WAIT_S, REJECTED, Carrier,
 from p2pfl.wire import PREFIX_BYTES, Message, WireError, authenticate_head, encode_body, head_length, open_message, seal
 from p2pfl.wire.errors import quote
 from p2pfl.wire.request import request_for, verify_request
-
-if TYPE_CHECKING:
-    from p2pfl.runtime.transport import TransportSettings
 
 # event loop -> "host:port" -> the started carrier there: a carrier on another loop (a test's
 # second thread) awaits futures this loop cannot, so it is as far away as another process.
