@@ -145,6 +145,7 @@ def ray_cluster() -> Iterator[str]:
             os.environ["RAY_AUTH_MODE"] = auth
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time: the actor test kills actors it finds in /proc
 @pytest.mark.parametrize("algorithm", ["local", "fedavg"])
 def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str,
                                                                   ray_cluster: str) -> None:
@@ -171,6 +172,7 @@ def _ray_actor_pids() -> list[int]:
     return pids
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time: the actor test kills actors it finds in /proc
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the actors through /proc")
 @pytest.mark.timeout(600)  # two lives on Ray, each joining the cluster and placing its actors
 def test_a_ray_run_whose_actors_die_resumes_on_new_actors_with_no_round_lost(tmp_path: Path,
@@ -236,6 +238,7 @@ def test_a_ray_resume_of_a_folder_without_a_run_is_refused_before_joining_a_clus
                      progress=False, quiet=True, resume=True)
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time: the actor test kills actors it finds in /proc
 def test_ray_runs_an_algorithm_with_a_coordinator(tmp_path: Path, ray_cluster: str) -> None:
     out, results = _run(tmp_path, "di", "ray", f'runtime.ray_address="{ray_cluster}"')
     assert results["coordinator"] is not None and results["summary"]["nodes_ok"] == 4
