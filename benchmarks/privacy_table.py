@@ -30,8 +30,8 @@ from p2pfl.runtime.run_folder import compare_row_runs
 DPSGD = 'privacy.mode="dp-sgd",privacy.target_epsilon={eps}'
 NOISE = 'privacy.mode="output-noise",privacy.noise_multiplier=1.0,privacy.clip_norm=1.0'
 ROWS = {
-    "fedavg": ["fedavg", f"fedavg[{DPSGD.format(eps=4)}]", f"fedavg[{DPSGD.format(eps=1)}]",
-               f"fedavg[{DPSGD.format(eps=8)}]", f"fedavg[{NOISE}]",
+    "fedavg": ["fedavg", f"fedavg[{DPSGD.format(eps=4)}]", f"fedavg[{NOISE}]", f"fedavg[{DPSGD.format(eps=1)}]",
+               f"fedavg[{DPSGD.format(eps=8)}]",
                'fedavg[runtime.wire_sparsity="topk:0.01"]', 'fedavg[runtime.wire_precision="int8"]'],
     "pfedsv": ["pfedsv", f"pfedsv[{DPSGD.format(eps=4)}]", f"pfedsv[{NOISE}]"],
     "pfedsv_dc": ["pfedsv[variant=D+C]", f"pfedsv[variant=D+C,{DPSGD.format(eps=4)}]", f"pfedsv[variant=D+C,{NOISE}]"],
