@@ -22,15 +22,14 @@ import inspect
 import logging
 import statistics
 import tempfile
-import types
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from p2pfl.assembly import HEAP_RELEASE_EVERY_S, assemble_node
+from p2pfl.hosting.footprint import OPAQUE, WALK_LIMIT, storage_of
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.node import Node
 from p2pfl.runtime.resources import release_periodically
@@ -38,37 +37,12 @@ from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "scale.toml"
-WALK_LIMIT = 2_000_000  # objects per node; a walk that reaches this has escaped the node
-# Walked past, not into: shared machinery, not what a node holds.
-OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.FrameType,
-          types.CodeType, asyncio.AbstractEventLoop, asyncio.Future, types.CoroutineType, logging.Logger,
-          logging.Handler)
-
-
 def rss_bytes() -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _storage(obj: Any) -> tuple[int, int] | None:
-    """(key, bytes) of a tensor's storage or an array's buffer, or None for anything else."""
-    if isinstance(obj, torch.Tensor):
-        try:
-            storage = obj.untyped_storage()
-            return storage.data_ptr(), storage.nbytes()
-        except RuntimeError:  # a tensor without storage (meta, sparse)
-            return None
-    if isinstance(obj, (bytes, bytearray)) and len(obj) >= 1024:  # encoded frames held for peers
-        return id(obj), len(obj)
-    if isinstance(obj, np.ndarray):
-        base = obj
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        return id(base), base.nbytes
-    return None
 
 
 def node_storages(node: Node) -> dict[str, dict[int, int]]:
@@ -86,7 +60,7 @@ def node_storages(node: Node) -> dict[str, dict[int, int]]:
             seen.add(id(obj))
             if len(seen) > WALK_LIMIT:
                 raise SystemExit(f"the walk from {node.config.id}.{attr} escaped the node ({WALK_LIMIT} objects)")
-            storage = _storage(obj)
+            storage = storage_of(obj)
             if storage is not None:
                 key, nbytes = storage
                 if key not in claimed:

@@ -41,6 +41,7 @@ from p2pfl.runtime.churn import NodeScript, scripts_of
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
 from p2pfl.runtime.federation.gossip import NoSeedAnswered
 from p2pfl.runtime.federation.service import FederationMember
+from p2pfl.runtime.shared_tables import own_copy
 from p2pfl.scenario.federation import federation_member
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
@@ -171,7 +172,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     peer_rounds = {} if member else neighbour_rounds(
         sc, sorted(set(adjacency) | {j for j in range(sc.nodes) if scripts[j].join > 1} - {config.index}), scripts)
     key = NodeKey.load(config.key_file)
-    infos = dict(config.peers)
+    infos = own_copy(config.peers)  # a view of the worker's one roster table, not N entries of its own
     if config.coordinator is not None:
         infos[COORDINATOR_ID] = config.coordinator
     counter = ByteCounter()

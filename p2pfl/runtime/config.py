@@ -26,6 +26,7 @@ else:  # pragma: no cover
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.peers import COORDINATOR_ID, PeerInfo, parse_peer
+from p2pfl.runtime.shared_tables import Overlay
 from p2pfl.runtime.transport.addresses import parse_address
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def check_key_file(path: Path) -> None:
 
 
 def _from_roster(raw: Mapping[str, Any], roster_path: Path, key_file: Path
-                 ) -> tuple[int, int, dict[str, PeerInfo], PeerInfo | None]:
+                 ) -> tuple[int, int, Mapping[str, PeerInfo], PeerInfo | None]:
     """(index, port, peers, coordinator) of `raw["id"]` from the roster, after checking that
     the key file holds the private half of the roster's public key for it."""
     from p2pfl.runtime.roster import load_roster
@@ -193,11 +194,13 @@ def _from_roster(raw: Mapping[str, Any], roster_path: Path, key_file: Path
     if public != entry.public_key:
         raise ConfigError("key_file", f"{key_file} holds the key of {public[:16]}..., but {roster_path} lists "
                                       f"{entry.public_key[:16]}... for {node_id}: wrong key file, or a stale roster")
+    # Views of the roster's one table (p2pfl.runtime.shared_tables): the nodes a worker hosts
+    # share it instead of holding N entries each.
     if node_id == COORDINATOR_ID:
-        index, peers, coordinator = 0, dict(roster.nodes), None
+        index, peers, coordinator = 0, Overlay(roster.nodes), None
     else:
         index, coordinator = roster.index(node_id), roster.coordinator
-        peers = {pid: info for pid, info in roster.nodes.items() if pid != node_id}
+        peers = Overlay(roster.nodes, removed=(node_id,))
     if "index" in raw and raw["index"] != index:
         raise ConfigError("index", f"{raw['index']} disagrees with {roster_path}, where {node_id} is entry {index}; "
                                    "drop `index` (the roster's order decides)")

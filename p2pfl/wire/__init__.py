@@ -32,7 +32,7 @@ from p2pfl.wire.errors import (
     WrongRecipient,
 )
 from p2pfl.wire.header import PROTOCOL_VERSION, Header
-from p2pfl.wire.keys import NodeKey, NotAMember, Roster
+from p2pfl.wire.keys import NodeKey, NotAMember, Roster, roster_key
 from p2pfl.wire.limits import WireLimits
 from p2pfl.wire.replay import ReplayGuard
 
@@ -66,6 +66,7 @@ __all__ = [
     "encode_body",
     "head_length",
     "open_message",
+    "roster_key",
     "peek_header",
     "seal",
     "seal_frame",

@@ -12,7 +12,7 @@ import functools
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import nacl.bindings
@@ -101,6 +101,11 @@ class NodeKey:
         return f"NodeKey(public={self._public_hex[:16]}...)"
 
 
+def roster_key(public_hex: str, what: str = "roster: public key") -> bytes:
+    """The raw Ed25519 key a roster keeps for `public_hex` (checked; one object per key and process)."""
+    return _interned(_raw_key_from_hex(public_hex, what))
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _interned(raw: bytes) -> bytes:
     """One object per process and public key: nodes hosted together each hold a roster of all N
@@ -126,11 +131,19 @@ class Roster:
     __slots__ = ("_keys", "_expires", "_refused")
 
     def __init__(self, public_hex_by_id: Mapping[str, str]) -> None:
-        self._keys: dict[str, bytes] = {}
+        self._keys: MutableMapping[str, bytes] = {}
         self._expires: dict[str, float] = {}
         self._refused: dict[str, tuple[str, str]] = {}
         for node_id, hex_str in public_hex_by_id.items():
             self.admit(node_id, hex_str)
+
+    @classmethod
+    def over(cls, keys: MutableMapping[str, bytes]) -> Roster:
+        """A roster that keeps its members' keys in `keys` (id -> `roster_key`), the caller's table:
+        nodes hosted together pass views of one shared table instead of N keys each."""
+        roster = cls({})
+        roster._keys = keys
+        return roster
 
     def admit(self, node_id: str, public_hex: str, expires: float | None = None) -> None:
         if not isinstance(node_id, str) or not node_id:

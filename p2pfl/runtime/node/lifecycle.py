@@ -35,6 +35,7 @@ from p2pfl.runtime.node.state import NodeState
 from p2pfl.runtime.participation import participation_rng, takes_part
 from p2pfl.runtime.run_folder import ArtefactSink, RunFolder
 from p2pfl.runtime.settings import NodeSettings
+from p2pfl.runtime.shared_tables import without
 from p2pfl.runtime.statements import read_news
 from p2pfl.runtime.strategy import COORDINATOR_ID, RoundContext
 from p2pfl.runtime.transport import Transport
@@ -66,15 +67,13 @@ class Node:
         self.stage = Stage.BUILT
         self.stop_with: tuple[str, str] | None = None
         folder = RunFolder(config.out)
-        artefacts = ArtefactSink(config.id, folder.artefacts)
-        members = [p for p in parts.transport.peers if p != COORDINATOR_ID]
-        self.neighbours = Neighbours(parts.neighbours, parts.peer_rounds, self.log, members=members, seed=parts.seed)
+        self.neighbours = Neighbours(parts.neighbours, parts.peer_rounds, self.log, seed=parts.seed,
+                                     members=without(parts.transport.peers, COORDINATOR_ID))  # a view of the roster
         self.ctx = RoundContext(
             node_id=config.id, round=0, rounds=settings.rounds, peers=self.neighbours.asked, model=parts.model,
-            data=parts.data, trainer=parts.trainer, rng=np.random.default_rng(parts.seed), artefacts=artefacts,
-            log=self.log.info, coordinator=COORDINATOR_ID if config.coordinator is not None else None,
-            seed=settings.seed, unreachable=self.neighbours.unreachable, departed=self.neighbours.departed,
-        )
+            data=parts.data, trainer=parts.trainer, rng=np.random.default_rng(parts.seed), log=self.log.info,
+            artefacts=ArtefactSink(config.id, folder.artefacts), seed=settings.seed, departed=self.neighbours.departed,
+            coordinator=COORDINATOR_ID if config.coordinator is not None else None, unreachable=self.neighbours.unreachable)
         intake = Intake(parts.model, len(parts.data.train), parts.device, settings,
                         parts.strategy.extra_parts(parts.model), self.neighbours)
         self.exchange = Exchange(parts.transport, intake, self.neighbours, parts.strategy, self.ctx, settings, self.log,
@@ -92,7 +91,7 @@ class Node:
         self.scorer = Scorer(parts.model, parts.data, parts.trainer, parts.safeguard)
         self.membership = Membership(parts.transport, self.exchange, self.neighbours, self.state, settings, self.log)
         self.exchange.kept = kept = KeptParts(folder.received(config.id)) if settings.audit == config.id else None
-        self.kit = RoundKit(parts, settings, self.ctx, self.exchange, self.neighbours, self.scorer, artefacts, self.log,
+        self.kit = RoundKit(parts, settings, self.ctx, self.exchange, self.neighbours, self.scorer, self.ctx.artefacts, self.log,
                             kept)
         self.peers = PeerDirectory(parts.transport, self.neighbours, self.exchange, lambda: self.ctx.round, settings.rounds)
 

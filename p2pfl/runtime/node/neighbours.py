@@ -32,6 +32,7 @@ import numpy as np
 from p2pfl.runtime.metadata import MAX_NEWS
 from p2pfl.runtime.participation import version_to_ask
 from p2pfl.runtime.peer_claims import DeclaredSizes, newly_distrusted
+from p2pfl.runtime.shared_tables import keys_of
 from p2pfl.runtime.statements import ROUND_SLACK, Statement
 from p2pfl.runtime.strategy import Fetch
 
@@ -41,10 +42,11 @@ GOSSIP_ROUNDS = 3  # rounds a node passes on what it learned: a neighbour's neig
 
 class Neighbours:
     def __init__(self, asked: Iterable[str], peer_rounds: Mapping[str, frozenset[int]] | None = None,
-                 log: logging.Logger | None = None, *, members: Iterable[str] = (), seed: int = 0) -> None:
+                 log: logging.Logger | None = None, *, members: Mapping[str, object] | Iterable[str] = (),
+                 seed: int = 0) -> None:
         self.asked: tuple[str, ...] = tuple(sorted(asked))  # whom this node fetches from and waits for
         self.target = len(self.asked)
-        self.members = tuple(sorted(set(members) | set(self.asked)))  # who may be asked instead (the roster)
+        self.members = keys_of(members, *self.asked)  # who may be asked instead: a view of the roster, not N entries
         self.peer_rounds = dict(peer_rounds or {})  # the rounds each takes part in, where known (participation, joins)
         self.departed: set[str] = set()      # said goodbye: never asked again
         self.unreachable: set[str] = set()   # asked last time and did not answer: probed before it is waited for
@@ -155,7 +157,7 @@ class Neighbours:
         member that chose this node and pushes to it). True if it is asked."""
         if member in self.departed or member in self.distrusted:
             return False
-        self.members = tuple(sorted(set(self.members) | {member}))
+        self.members[member] = None
         if member in self.asked:
             return True
         if len(self.asked) >= self.target and not beyond_target:
@@ -216,7 +218,7 @@ class Neighbours:
         excluded = asked | self.departed | self.unreachable | self.watched | self.distrusted | {gone}
         # Uniform over the eligible: a member preferred for what was said of it (or of the others)
         # is one a liar can promote. A member's own signed join makes it eligible before its schedule.
-        candidates = [m for m in self.members if m not in excluded
+        candidates = [m for m in sorted(self.members) if m not in excluded
                       and (m in self.heard_live or self.joined_by(m, round_ + 1))]
         if candidates and len(asked) < self.target:
             rng = np.random.default_rng([self.seed, round_, zlib.crc32(gone.encode())])

@@ -109,7 +109,7 @@ class Round:
         meta = exchange.round_meta(r)
         lie = getattr(parts.attack, "news", None)  # an attack may poison parts only (tests bring their own)
         if lie is not None:
-            meta = lie(meta, kit.neighbours.members, ctx.node_id, self._forged, r)
+            meta = lie(meta, sorted(kit.neighbours.members), ctx.node_id, self._forged, r)
         if strategy.shared_parts:
             shared = {p: host_snapshot(part_state(parts.model, p)) for p in strategy.shared_parts}
             if parts.attack is not None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from p2pfl.runtime.accounting import CONTROL
 from p2pfl.runtime.metadata import BACK_META, GOODBYE_META, Schema, check_meta
 from p2pfl.runtime.rejections import RejectionLog
+from p2pfl.runtime.shared_tables import own_copy
 from p2pfl.runtime.statements import Statement
 from p2pfl.runtime.transport.departures import BACK, GOODBYE, Departures
 from p2pfl.runtime.transport.presence import PeerPresence
@@ -56,7 +57,7 @@ class Carrier(PeerPresence, Departures):
         self.node_id = settings.node_id
         self.key = settings.key
         self.roster = settings.roster
-        self.urls = dict(settings.urls)
+        self.urls = own_copy(settings.urls)  # the members it admits and refuses change this carrier's only
         self.counter = settings.counter
         self.limits = settings.limits
         self.server_limits = settings.server_limits
