@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Sequence
@@ -164,11 +165,24 @@ class NetnsHosts:
         """Unplug `host`'s cable at the switch: its packets go nowhere, nothing is refused."""
         _ip("-n", self.switch, "link", "set", f"p{self.hosts.index(host)}", "down")
 
+    def kill_host(self, host: str) -> list[int]:
+        """Kill every process in `host`'s namespace at once (SIGKILL), as a machine that dies takes
+        down all it runs, the daemons what was spawned there started included. Their pids."""
+        listed = _ip("netns", "pids", self.namespace(host), check=False).stdout.split()
+        for pid in map(int, listed):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return [int(p) for p in listed]
+
     def close(self) -> None:
         for proc in self.processes:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        for host in self.hosts:  # what a spawned process left running there (a daemon it started)
+            self.kill_host(host)
         for ns in reversed(self._made):  # deleting a namespace deletes its interfaces and qdiscs
             _ip("netns", "del", ns, check=False)
         self._made.clear()
