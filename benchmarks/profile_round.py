@@ -1,0 +1,142 @@
+"""Where the time of a many-node run goes: py-spy on every worker process, by function.
+
+    pip install -e '.[profile]'      # py-spy
+    python benchmarks/profile_round.py [SCENARIO] [--nodes 1000] [--top 25] [--set key=value ...]
+
+Runs the scenario (default `scenarios/scale.toml`, regular:4) with `nodes = N` in `shared`
+placement and samples each worker process with `py-spy record` (100 Hz, idle samples included,
+so waiting shows as waiting) from its start to its end. Printed: the share of each worker's
+samples spent in a function's own code (self) and under it (total), summed over the workers,
+for the functions with the largest self share; and the same by phase of a node's life, read from
+the stacks: start-up (before a node's first round), rounds (train, evaluate, aggregate,
+checkpoints, the wire's signing, hashing and serving; idle threads and the idle event loop apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from p2pfl.scenario.launcher import run_loaded
+from p2pfl.scenario.schema import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+# A node's life, by a function on the stack (the first that matches, leaf to root, names it);
+# a thread pool's idle thread and an event loop waiting in select are idle whatever called them.
+IDLE = {"_worker": "threads idle (asyncio.to_thread pool)", "select": "event loop idle", "poll": "event loop idle"}
+PHASES = (("checkpoint", ("write_swapped", "save_checkpoint", "write_checkpoint")),
+          ("wire (sign, hash, verify, serve)", ("encode_body", "seal_frame", "open_message", "digest", "crypto_sign",
+                                               "serve_read", "seal", "authenticate_head")),
+          ("train", ("fit", "_train_epoch", "backward")), ("evaluate", ("evaluate",)),
+          ("aggregate", ("aggregate", "bound_update")),
+          ("start-up", ("assemble_node", "warm_up", "build_partition", "load_node_config", "load_scenario", "_find_and_load")))
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _workers(root: int) -> list[int]:
+    """`root`'s descendants whose command line runs `p2pfl worker` (the shared placement's processes)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" not in cmd or not any(part.endswith(b"p2pfl") for part in cmd):
+            continue
+        pid = int(entry)
+        while pid > 1 and pid != root:
+            pid = _ppid(pid)
+        if pid == root:
+            found.append(int(entry))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", nargs="?", default=str(ROOT / "scenarios" / "scale.toml"))
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    scenario = load_scenario(args.scenario, ['runtime.topology="regular:4"', *args.overrides, f"nodes={args.nodes}",
+                                             'runtime.placement="shared"'])
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.is_file():
+        raise SystemExit("needs py-spy: pip install -e '.[profile]'")
+    with tempfile.TemporaryDirectory() as tmp:
+        recorders: list[tuple[int, subprocess.Popen[bytes], Path]] = []
+        done = threading.Event()
+
+        def attach() -> None:  # each worker from the moment it exists
+            seen: set[int] = set()
+            while not done.is_set():
+                for pid in _workers(os.getpid()):
+                    if pid not in seen:
+                        seen.add(pid)
+                        out = Path(tmp) / f"{pid}.txt"
+                        recorders.append((pid, subprocess.Popen(
+                            [str(spy), "record", "--pid", str(pid), "--rate", "100", "--idle", "--format", "raw",
+                             "--output", str(out), "--nonblocking"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL), out))
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=attach, daemon=True)
+        watcher.start()
+        started = time.perf_counter()
+        results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True, force=True)
+        wall = time.perf_counter() - started
+        done.set()
+        watcher.join()
+        for _, proc, _ in recorders:
+            proc.wait(timeout=60)
+        own: collections.Counter[str] = collections.Counter()
+        under: collections.Counter[str] = collections.Counter()
+        phases: collections.Counter[str] = collections.Counter()
+        other: collections.Counter[str] = collections.Counter()  # "other"'s stacks, by their last three frames
+        samples = 0
+        for _, _, out in recorders:
+            if not out.is_file():
+                continue
+            for line in out.read_text().splitlines():
+                stack, _, count_text = line.rpartition(" ")
+                count = int(count_text)
+                frames = [f.split(" (")[0] for f in stack.split(";")]
+                samples += count
+                own[frames[-1]] += count
+                for name in set(frames):
+                    under[name] += count
+                phase = IDLE.get(frames[-1].rsplit(".", 1)[-1]) or next((p for p, names in PHASES for f in reversed(frames)
+                                                      if any(n in f for n in names)), "other")
+                phases[phase] += count
+                if phase == "other":
+                    other[" < ".join(reversed(frames[-3:]))] += count
+    print(f"{scenario.name}: {args.nodes} nodes, {len(recorders)} workers, exit {code}, wall {wall:.1f} s, "
+          f"{samples} samples (100 Hz)")
+    print(f"{'phase':<40}{'share':>8}")
+    for phase, count in phases.most_common():
+        print(f"{phase:<40}{count / max(1, samples):>8.1%}")
+    print("\n\"other\", its largest stacks (leaf < caller < caller):")
+    for stack, count in other.most_common(8):
+        print(f"  {count / max(1, samples):6.1%}  {stack[:110]}")
+    print(f"\n{'function':<70}{'self':>8}{'total':>8}")
+    for name, count in own.most_common(args.top):
+        print(f"{name[:69]:<70}{count / max(1, samples):>8.1%}{under[name] / max(1, samples):>8.1%}")
+
+
+if __name__ == "__main__":
+    main()
