@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
-import inspect
 import logging
 import statistics
 import tempfile
@@ -29,7 +27,7 @@ from typing import Any
 import torch
 
 from p2pfl.assembly import HEAP_RELEASE_EVERY_S, assemble_node
-from p2pfl.hosting.footprint import OPAQUE, WALK_LIMIT, storage_of
+from p2pfl.hosting.footprint import walk
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.node import Node
 from p2pfl.runtime.resources import release_periodically
@@ -47,29 +45,9 @@ def rss_bytes() -> int:
 
 def node_storages(node: Node) -> dict[str, dict[int, int]]:
     """Component (the node attribute first reaching it) -> storage key -> bytes."""
-    seen: set[int] = {id(node), id(node.__dict__)}
     found: dict[str, dict[int, int]] = defaultdict(dict)
-    claimed: set[int] = set()
-    for attr, root in vars(node).items():
-        component = attr.lstrip("_")
-        stack = [root]
-        while stack:
-            obj = stack.pop()
-            if id(obj) in seen or isinstance(obj, OPAQUE) or (isinstance(obj, Node) and obj is not node):
-                continue
-            seen.add(id(obj))
-            if len(seen) > WALK_LIMIT:
-                raise SystemExit(f"the walk from {node.config.id}.{attr} escaped the node ({WALK_LIMIT} objects)")
-            storage = storage_of(obj)
-            if storage is not None:
-                key, nbytes = storage
-                if key not in claimed:
-                    claimed.add(key)
-                    found[component][key] = nbytes
-                continue
-            if inspect.ismethod(obj):
-                continue  # a bound method leads back to its object, walked from its own attribute
-            stack.extend(gc.get_referents(obj))
+    for key, (component, nbytes) in walk(node).storages.items():
+        found[component][key] = nbytes
     return found
 
 
