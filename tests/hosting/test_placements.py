@@ -112,6 +112,9 @@ def test_an_unknown_start_method_is_named(tmp_path: Path) -> None:
         run_scenario(scenario, tmp_path / "run", ['runtime.start_method="thread"'], progress=False, quiet=True)
 
 
+_HOLDERS: set[int] = set()  # the processes holding this test process's Ray clusters
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
     """A local Ray cluster with 2 CPUs, held by a child process; gone when its stdin closes.
@@ -129,6 +132,7 @@ def ray_cluster() -> Iterator[str]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout is not None and holder.stdin is not None
+    _HOLDERS.add(holder.pid)  # its Ray processes (and their actors) descend from it
     address = holder.stdout.readline().strip()
     assert address, "the Ray head did not start"
     try:
@@ -160,15 +164,28 @@ def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path
     assert urls["node-1"].startswith("http://") and not urls["node-1"].startswith("http://0.0.0.0")
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _ray_actor_pids() -> list[int]:
-    """The process ids of this machine's NodeWorker actors (Ray titles an actor's process so)."""
+    """The process ids of the NodeWorker actors (Ray titles an actor's process so) of the clusters
+    this test process holds: never another test's (another xdist worker's cluster, a two-host one)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::NodeWorker"):
-                pids.append(int(proc.name))
+            if not (proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::NodeWorker")):
+                continue
         except OSError:
             continue
+        ancestor = int(proc.name)
+        while ancestor > 1 and ancestor not in _HOLDERS:
+            ancestor = _parent(ancestor)
+        if ancestor in _HOLDERS:
+            pids.append(int(proc.name))
     return pids
 
 
