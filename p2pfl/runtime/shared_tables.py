@@ -61,7 +61,7 @@ class Overlay(MutableMapping[K, V], Generic[K, V]):
         yield from self._added
 
     def __len__(self) -> int:
-        return len(self._base) - len(self._removed) + sum(1 for k in self._added if k not in self._base or k in self._removed)
+        return len(self._base) - len(self._removed) + sum(1 for k in self._added if k not in self._base)
 
     def copy(self) -> Overlay[K, V]:
         """Another holder's view of the same base, with this one's changes (copied) to begin with."""
@@ -73,6 +73,7 @@ class Overlay(MutableMapping[K, V], Generic[K, V]):
         return f"Overlay({len(self)} entries, {len(self._added)} own, {len(self._removed)} removed)"
 
 
+DERIVED_KEPT = 16  # a worker's nodes share one roster: a few derivations of it (keys, addresses)
 # (id of a base, a derivation) -> (the base, kept alive so that its id is not reused; the derived table)
 _DERIVED: dict[tuple[int, Callable[..., Any]], tuple[Mapping[Any, Any], Mapping[Any, Any]]] = {}
 
@@ -85,6 +86,8 @@ def derived(base: Mapping[K, V], derive: Callable[[V], W]) -> Mapping[K, W]:
     if found is None or found[0] is not base:
         found = (base, {k: derive(v) for k, v in base.items()})
         _DERIVED[key] = found
+        while len(_DERIVED) > DERIVED_KEPT:  # a process that builds many runs keeps the newest tables only
+            del _DERIVED[next(iter(_DERIVED))]
     return found[1]
 
 
