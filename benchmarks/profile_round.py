@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from scale import _descendants  # noqa: E402  (benchmarks/ is not a package)
 from p2pfl.scenario.launcher import run_loaded
 from p2pfl.scenario.schema import load_scenario
 
@@ -39,30 +40,16 @@ PHASES = (("checkpoint", ("write_swapped", "save_checkpoint", "write_checkpoint"
           ("start-up", ("assemble_node", "warm_up", "build_partition", "load_node_config", "load_scenario", "_find_and_load")))
 
 
-def _ppid(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def _workers(root: int) -> list[int]:
     """`root`'s descendants whose command line runs `p2pfl worker` (the shared placement's processes)."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _descendants(root):
         try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"worker" not in cmd or not any(part.endswith(b"p2pfl") for part in cmd):
-            continue
-        pid = int(entry)
-        while pid > 1 and pid != root:
-            pid = _ppid(pid)
-        if pid == root:
-            found.append(int(entry))
+        if b"worker" in cmd and any(part.endswith(b"p2pfl") for part in cmd):
+            found.append(pid)
     return found
 
 

@@ -104,11 +104,6 @@ def parse_address(url: str) -> Address:
     return fmt.parse(url)
 
 
-def is_address(url: object) -> TypeGuard[str]:
-    """An address some registered carrier kind reads."""
-    return address_format_of(url) is not None
-
-
 def host_of(authority: str) -> str:
     """The host an HTTP `Host` header (host[:port]) names; "" where it names none."""
     try:
