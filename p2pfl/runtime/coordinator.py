@@ -1,17 +1,12 @@
 """The optional coordinator: runs the coordinator half of an algorithm with a global step.
 
-It speaks the same signed wire format as the nodes and knows no algorithm's math: the
-scenario's strategy names its `CoordinatorHalf`, which declares what nodes push (a setup
-kind, answered once before round 1, and a round kind, answered every round) and turns
-what arrived into a `Reply`. Nodes push to its inbox and pull the reply's parts by
-long-poll (addressed parts only their own). When a reply carries a global model the
-coordinator scores it on the held-out domain's test split, when the scenario has one,
-for leave-one-domain-out evaluation. What nodes push is whatever their algorithm sends:
-model states and statistics (DI, GA) or data-derived embeddings (Client2Vec's global
-strategy); byte counts say how much.
-
-Waits, each named in `[runtime]`: `first_submission_wait_s` for the first node of a round
-(or of the setup), then `straggler_wait_s` for the rest.
+It speaks the nodes' signed wire format and knows no algorithm's math: the strategy's
+`CoordinatorHalf` declares what nodes push (a setup kind, answered once before round 1, and a
+round kind, answered every round) and turns what arrived into a `Reply`, which nodes pull by
+long-poll (addressed parts only their own). A global model is scored on the held-out domain's
+test split, where the scenario has one. What nodes push is whatever their algorithm sends (model
+states, statistics, or Client2Vec's data-derived embeddings); byte counts say how much. It waits
+`first_submission_wait_s` for a round's first node, then `straggler_wait_s` for the rest.
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.devices import host_snapshot, to_device
 from p2pfl.runtime.coordinator_half import CoordinatorHalf, Reply, Submission, weighed_as_capped
 from p2pfl.runtime.settings import CoordinatorSettings
+from p2pfl.runtime.statements import Statement
 from p2pfl.runtime.transport import SETUP_PREFIX, Transport
 from p2pfl.training.trainer import LocalTrainer
 from p2pfl.wire import Message, NodeKey
@@ -76,6 +72,7 @@ class Coordinator:
         self.build_half = parts.build_half
         self.half = self.build_half()
         self.expected: set[str] = set(parts.expected)
+        self.returning: dict[str, int] = {}  # member -> the round its signed return says it is live from
         self.counter = parts.counter
         self.submissions: dict[int, dict[str, Submission]] = {}
         self.declared_sizes = DeclaredSizes()
@@ -89,7 +86,7 @@ class Coordinator:
         self.endpoint.attach(
             expected_for=lambda kind, part: self._declared(kind, "spec"),
             meta_schema_for=lambda kind, part: self._declared(kind, "meta"),
-            on_message=self._on_submission, on_departed=self._on_departed,
+            on_message=self._on_submission, on_departed=self._on_departed, on_statement=self._on_statement,
             status=lambda: {"id": config.id, "round": self.round, "done": self.stage is Stage.DONE},
         )
 
@@ -121,7 +118,18 @@ class Coordinator:
     def _on_departed(self, node: str, reason: str) -> None:
         """A node that failed is not waited for again; with none left the coordinator stops."""
         self.expected.discard(node)
+        self.returning.pop(node, None)
         self.arrived.set()
+
+    def _on_statement(self, statement: Statement) -> None:
+        """A member's verified return (a joiner, a restarted node): waited for from the round it names."""
+        if statement.event > 0 and statement.member in self.config.peers:
+            self.returning[statement.member] = statement.round
+            self.arrived.set()
+
+    def _take_returning(self, r: int) -> None:
+        self.expected |= {m for m, first in self.returning.items() if first <= r}
+        self.returning = {m: first for m, first in self.returning.items() if first > r}
 
     async def collect(self, r: int) -> dict[str, Submission]:
         """Wait for every expected node: `first_submission_wait_s` for the first (nodes may still
@@ -131,6 +139,7 @@ class Coordinator:
         first_deadline = loop.time() + self.settings.first_submission_wait_s
         deadline = None
         while True:
+            self._take_returning(r)
             got = self.submissions.get(r, {})
             if self.expected <= set(got):
                 return got
@@ -141,10 +150,8 @@ class Coordinator:
             if remaining <= 0:
                 return got
             self.arrived.clear()
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await wait_at_most(self.arrived.wait(), timeout=remaining)
-            except asyncio.TimeoutError:
-                pass
 
     async def run(self) -> dict[str, Any]:
         cfg = self.config

@@ -3,6 +3,7 @@ schedule, and the same seed and schedule give the same timeline."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,10 @@ def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from
     """GA under churn: a node that joins in round 3 starts from the coordinator's global model of
     round 2 (the coordinator does not wait for it before); a node that crashes before round 2 is
     waited for once (straggler_wait_s) and taken back when it comes back in round 4; the
-    coordinator aggregates who submitted."""
+    coordinator aggregates who submitted. Each returning member is held back until the others
+    have submitted its first round: the coordinator waits for it because it said it is back (its
+    signed return), not because it happened to submit before the others (on a loaded machine it
+    did not, and its round was refused as already aggregated)."""
     path = write_tiny(tmp_path, nodes=4, rounds=5, samples=40, algorithm="ga", timeout=60.0)
     nodes, coordinator = build_in_process(path, tmp_path / "run", (
         "runtime.straggler_wait_s=15.0", "churn.join=[{node = 3, round = 3}]",
@@ -103,9 +107,14 @@ def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from
     at_first_round: dict = {}
     run = Round.run
 
+    returns = {("node-3", 3): {"node-0", "node-2"}, ("node-1", 4): {"node-0", "node-2", "node-3"}}
+
     async def capturing(self: Round):  # type: ignore[no-untyped-def]
         if self.kit.ctx.node_id == "node-3" and not at_first_round:
             at_first_round.update({k: v.clone() for k, v in part_state(self.kit.parts.model, "full").items()})
+        others = returns.get((self.kit.ctx.node_id, self.r))
+        while others is not None and coordinator.round < self.r and not others <= set(coordinator.submissions.get(self.r, {})):
+            await asyncio.sleep(0.01)  # a condition awaited: the others' submissions, or the round's end
         return await run(self)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -120,7 +129,8 @@ def test_a_coordinator_takes_the_members_that_submitted_and_a_joiner_starts_from
     assert [r["round"] for r in by_id["node-1"]["rounds"]] == [1, 4, 5]
     submitted = {r["round"]: r["submitted"] for r in coord["rounds"]}
     assert submitted[1] == ["node-0", "node-1", "node-2"] and submitted[2] == ["node-0", "node-2"]
-    assert submitted[3] == ["node-0", "node-2", "node-3"] and submitted[5] == ["node-0", "node-1", "node-2", "node-3"]
+    assert submitted[3] == ["node-0", "node-2", "node-3"]
+    assert submitted[4] == submitted[5] == ["node-0", "node-1", "node-2", "node-3"]
 
 
 def test_a_client2vec_joiner_gets_its_index_before_its_first_round(tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ class Membership:
         with. Its neighbours' round when they are two or more rounds past it (it was down while
         they went on), else the next one. (A whole run resumed together never asks: it replays.)"""
         now = await self.furthest()
+        await self._tell_coordinator(max(now, restored + 1))
         if now < restored + 2:
             return restored + 1
         self.events.append({"round": now, "event": "restarted", "after_round": restored, "at": time.time()})
@@ -108,8 +109,9 @@ class Membership:
         (or newer; with `catch_up` False only its round number, and keep the initial model).
         Returns the first round this node runs: `join_round`, or the round the neighbours
         are in (the version taken: a neighbour that published version v is in round v) if later."""
-        # Its own signed word first: a member that said goodbye earlier is read and heard again.
-        await self.transport.say_back(self.neighbours.asked, join_round)
+        # Its own signed word first: a member that said goodbye earlier is read and heard again,
+        # and a coordinator waits for it from `join_round` on (not only if it wins a race).
+        await self.transport.say_back(self._told_back(), join_round)
         parts = ("full",) if "full" in shared_parts else tuple(p for p in ("body", "head") if p in shared_parts)
         if not parts and self.exchange.ctx.coordinator is not None:  # DI, GA: the newest global model
             return await self._join_coordinated(join_round, catch_up)
@@ -123,6 +125,16 @@ class Membership:
                 await self._take_model(first_message, parts[1:])
         # A neighbour that published version v is in round v.
         return self._joined(max(join_round, version or 0), *((peer, version) if catch_up else (None, None)))
+
+    async def _tell_coordinator(self, first: int) -> None:
+        """A coordinator stops waiting for a member it did not hear from: its signed return says it
+        is back from round `first` (the neighbours hear it as news with its parts)."""
+        if self.exchange.ctx.coordinator is not None:
+            await self.transport.say_back([COORDINATOR_ID], first)
+
+    def _told_back(self) -> list[str]:
+        """Whom a returning member tells: its neighbours, and its coordinator where it has one."""
+        return [*self.neighbours.asked, *[COORDINATOR_ID] * (self.exchange.ctx.coordinator is not None)]
 
     async def _join_coordinated(self, join_round: int, catch_up: bool) -> int:
         """The coordinator's global model of the round before `join_round` or newer (it publishes
@@ -193,6 +205,7 @@ class Membership:
         await self.exchange.republish(last)
         self.state.restarts.append({"after_round": last, "at": time.time()})
         self.events.append({"round": back, "event": "restarted", "after_round": last, "at": time.time()})
+        await self._tell_coordinator(back)
         self.neighbours.announce(self.transport.own_statement(back), back)
         return back, last
 
