@@ -105,7 +105,7 @@ def test_bad_messages_are_rejected_and_change_nothing(tmp_path):
 def test_node_keeps_running_under_bad_traffic(tmp_path):
     """The node trains its rounds while a stream of bad messages hits its inbox."""
     peer_key = NodeKey.generate()
-    node = lone_node(tmp_path, peer_key)
+    node = lone_node(tmp_path, peer_key, start_wait_s=2.0)
     inbox = f"http://127.0.0.1:{node.config.port}/v1/inbox"
     nan_body = {k: torch.full_like(v, float("nan")) for k, v in part_state(node.model, "body").items()}
 
@@ -113,7 +113,7 @@ def test_node_keeps_running_under_bad_traffic(tmp_path):
         task = asyncio.create_task(node.run())
         sent = 0
         async with aiohttp.ClientSession() as session:
-            for i in range(40):  # bounded: 40 bad messages over a few seconds
+            for i in range(40):  # bounded: 40 bad messages over two seconds, while it waits for its peer and trains
                 if task.done():
                     break
                 data = model_frame(peer_key, node, seq=1000 + i, tensors=nan_body) if i % 2 else np.random.bytes(256)
@@ -123,7 +123,7 @@ def test_node_keeps_running_under_bad_traffic(tmp_path):
                         sent += 1
                 except aiohttp.ClientConnectionError:
                     pass
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
         result = await asyncio.wait_for(task, timeout=120)
         result["sent"] = sent
         return result

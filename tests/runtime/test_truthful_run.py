@@ -32,7 +32,7 @@ def _root_logger_restored() -> object:
 
 
 def test_a_node_whose_peers_are_all_down_ends_isolated(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    node = lone_node(tmp_path, NodeKey.generate())  # its one peer is never started
+    node = lone_node(tmp_path, NodeKey.generate(), start_wait_s=0.5)  # its one peer is never started
     caplog.set_level(logging.INFO, logger="p2pfl")
     result = asyncio.run(node.run())
     assert result["status"] == "isolated"

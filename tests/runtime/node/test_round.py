@@ -100,7 +100,9 @@ def test_a_strategy_sets_each_rounds_training_and_evaluates_the_aggregate(tmp_pa
         def evaluate(self, ctx):  # type: ignore[no-untyped-def]
             return {"val_acc_by_hook": ctx.trainer.evaluate(ctx.model, ctx.data.val)[0]}
 
-    a, b = code_nodes(tmp_path, 2, [[1], [0]], strategy=Scheduled(), fresh_strategy=Scheduled)
+    # b serves version 1 only: rounds 2 and 3 take it stale after the (short) fetch wait
+    a, b = code_nodes(tmp_path, 2, [[1], [0]], settings=dataclasses.replace(SETTINGS, fetch_timeout_s=0.3),
+                      strategy=Scheduled(), fresh_strategy=Scheduled)
     base = a.parts.trainer.config
     records = rounds_of(a, b, 1, 2, 3)
     assert seen == [(1, 0.1, 1), (2, 0.05, 1), (3, 0.025, 0)]
