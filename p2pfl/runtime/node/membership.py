@@ -144,7 +144,10 @@ class Membership:
         if message is not None and catch_up:
             await self._take_model(message, ())
         taken = catch_up and message is not None
-        return self._joined(max(join_round, (version or 0) + 1), *((COORDINATOR_ID, version) if taken else (None, None)))
+        first = max(join_round, (version or 0) + 1)
+        if message is not None:  # said again now that it surely listens: it may have been starting at the first word
+            await self._tell_coordinator(first)
+        return self._joined(first, *((COORDINATOR_ID, version) if taken else (None, None)))
 
     def _joined(self, first: int, source: str | None, version: int | None) -> int:
         """Record the join (`source`: whose model it started from, None: its own) and return `first`."""
