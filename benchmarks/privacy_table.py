@@ -1,7 +1,8 @@
 """Issue 64's privacy table: accuracy, accounted ε and what an audit measures, per privacy setting.
 
     python benchmarks/privacy_table.py OUT [--seeds 0,1,2,3,4] [--algorithm fedavg|pfedsv|pfedsv_dc] [--set F=V ...]
-    python benchmarks/privacy_table.py OUT --table-only
+    python benchmarks/privacy_table.py OUT --table-only [--summary FILE]
+    python benchmarks/privacy_table.py --from-summary benchmarks/results/privacy_table.json
 
 On `scenarios/communication.toml` (10 Fashion-MNIST nodes, 1500 images a node, Dirichlet 0.5, 30
 rounds of one epoch) with every run's node-0 keeping what it reads (`runtime.audit`): one
@@ -11,6 +12,10 @@ privacy off; DP-SGD planned for ε = 4 (FedAvg also ε = 1 and 8); pFedSV's outp
 (clip 1); for FedAvg also top-k 1 % and int8 parts without privacy (does compressing leak less?).
 Each row's paired difference against privacy off, over seeds, Holm within the table, for the test
 accuracy and for the loss attack's membership AUC.
+
+`--summary FILE` also writes every finished run's cells (row, seed, column: a few numbers, where a
+run folder is about 100 MB) so that the table is drawn again on a machine without the run folders:
+`benchmarks/results/privacy_table.json` holds those behind docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -72,9 +77,16 @@ COLUMNS = {
 }
 
 
-def table(out: Path, reference: str) -> str:
-    runs = compare_row_runs(out)
-    values = {row: {col: _seeds(folders, read) for col, read in COLUMNS.items()} for row, folders in runs.items()}
+Values = dict[str, dict[str, dict[int, float]]]  # row -> column -> seed -> value
+
+
+def measured(out: Path) -> Values:
+    """Every finished and audited run's cells, row by row in compare.json's order."""
+    return {row: {col: _seeds(folders, read) for col, read in COLUMNS.items()}
+            for row, folders in compare_row_runs(out).items()}
+
+
+def table(values: Values, reference: str) -> str:
     tests = {key: holm_corrected({row: paired_difference(v[col], values[reference][col])
                                   for row, v in values.items() if row != reference})
              for key, col in (("acc", "acc %"), ("auc", "AUC loss"))}
@@ -92,18 +104,35 @@ def table(out: Path, reference: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
+    parser.add_argument("out", type=Path, nargs="?")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--algorithm", action="append", choices=sorted(ROWS), default=None)
     parser.add_argument("--set", dest="sets", action="append", default=[])
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--summary", type=Path, help="also write the tables' cells to this JSON file (merged by algorithm)")
+    parser.add_argument("--from-summary", type=Path, help="draw the tables from such a file instead of run folders")
     args = parser.parse_args()
+    if args.from_summary is not None:
+        for algorithm, rows in json.loads(args.from_summary.read_text()).items():
+            values = {row: {col: {int(s): float("nan") if v is None else v for s, v in seeds.items()}
+                            for col, seeds in cols.items()} for row, cols in rows.items()}
+            print(f"\n{algorithm}\n\n{table(values, ROWS[algorithm][0])}")
+        return
+    if args.out is None:
+        parser.error("OUT is needed unless --from-summary is given")
+    saved = json.loads(args.summary.read_text()) if args.summary is not None and args.summary.is_file() else {}
     for algorithm in args.algorithm or sorted(ROWS):
         folder = args.out / algorithm
         if not args.table_only:
             run(folder, algorithm, args.seeds, args.sets)
         if (folder / "compare.json").is_file():
-            print(f"\n{algorithm}\n\n{table(folder, ROWS[algorithm][0])}")
+            values = measured(folder)
+            print(f"\n{algorithm}\n\n{table(values, ROWS[algorithm][0])}")
+            saved[algorithm] = {row: {col: {seed: None if v != v else v for seed, v in seeds.items()}  # NaN: null
+                                      for col, seeds in cols.items()} for row, cols in values.items()}
+    if args.summary is not None:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(json.dumps(saved, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 if __name__ == "__main__":
