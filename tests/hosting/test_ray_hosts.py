@@ -35,11 +35,13 @@ ROUNDS = 12
 def _alive_hosts(bed: NetnsHosts, head: str, env: dict[str, str]) -> list[str]:
     """The addresses of the Ray nodes the cluster holds alive, asked from the head's namespace."""
     ask = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
-           "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))" % head)
+           "print('ALIVE', json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))" % head)
     done = subprocess.run(["ip", "netns", "exec", bed.namespace("head"), sys.executable, "-c", ask],
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # Ray may print to stdout too, after our line (a raylet with lagging heartbeats, as when a host died)
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("ALIVE ")]
+    return json.loads(line.removeprefix("ALIVE "))
 
 
 def _until(what: str, condition, deadline: float, step_s: float = 0.2) -> None:  # type: ignore[no-untyped-def]
