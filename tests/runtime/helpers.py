@@ -92,10 +92,11 @@ def run_in_process(nodes: list[Node], coordinator: Coordinator | None) -> tuple[
     return results, coordinator_result, time.perf_counter() - started
 
 
-def lone_node(tmp_path, peer_key: NodeKey, *, start_wait_s: float = 5.0) -> Node:
+def lone_node(tmp_path, peer_key: NodeKey, *, start_wait_s: float = 5.0, fetch_timeout_s: float = 2.0) -> Node:
     """node-0 of a 2-node scenario, built in this process; its one peer, node-1 (key `peer_key`), is
     never started: the node waits `start_wait_s` for it (traffic tests send while it does)."""
-    scenario = load_scenario(write_tiny(tmp_path, nodes=2, rounds=2, timeout=2.0), [f"runtime.start_wait_s={start_wait_s}"])
+    scenario = load_scenario(write_tiny(tmp_path, nodes=2, rounds=2, timeout=fetch_timeout_s),
+                             [f"runtime.start_wait_s={start_wait_s}"])
     node_port, peer_port = free_ports(2, "127.0.0.1")
     key = NodeKey.generate()
     key.save(tmp_path / "node-0.key")

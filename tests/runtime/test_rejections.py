@@ -133,3 +133,27 @@ def test_node_keeps_running_under_bad_traffic(tmp_path):
     assert [r["round"] for r in result["rounds"]] == [1, 2]
     assert result["sent"] > 0
     assert result["rejected"]["total"] >= result["sent"]
+
+
+def test_a_node_told_to_stop_gives_up_the_parts_it_waits_for(tmp_path):
+    """A node its federation revoked (`stop_soon`) stops waiting: the gather under way and any later
+    one return at once, not after the fetch timeout (60 s here) of a peer that hangs. Before, a
+    revoked node waited out an outbound-only neighbour's push for the whole timeout."""
+    node = lone_node(tmp_path, NodeKey.generate(), fetch_timeout_s=60.0)
+
+    async def scenario() -> tuple[list, list]:
+        await node.transport.start(node.config.host, node.config.port)
+        try:
+            async with silent_peer(node):
+                gathering = asyncio.create_task(node.exchange.gather([Fetch("node-1", "body")], 1, RoundChecks(1)))
+                while not node.exchange.intake.current.awaiting:  # the gather waits for node-1's part
+                    await asyncio.sleep(0.01)
+                node.stop_soon("revoked", "revoked by the test")
+                under_way = await asyncio.wait_for(gathering, 20)
+                later = await asyncio.wait_for(node.exchange.gather([Fetch("node-1", "body")], 2, RoundChecks(2)), 20)
+        finally:
+            await node.transport.close()
+        return under_way, later
+
+    assert asyncio.run(scenario()) == ([], [])
+    assert node.stop_with == ("revoked", "revoked by the test")

@@ -142,6 +142,8 @@ class Exchange:
         checks.awaiting = {(f.peer, f.part): loop.create_future() for f in fetches
                            if f.peer in transport.peers or f.peer in push_only}
         self._take_early(checks, round_, versions)
+        if self.intake.gave_up:
+            self.intake.give_up_waits()
 
         async def one(fetch: Fetch) -> PeerModel | None:
             if fetch.peer in push_only and fetch.peer not in transport.peers:

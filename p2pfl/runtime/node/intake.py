@@ -38,7 +38,7 @@ class RoundChecks:
     round: int
     round_start: dict[str, torch.Tensor] = field(default_factory=dict)  # the bound's anchor (empty: unbounded)
     # (peer, part) -> the push that may answer this gather's fetch of it, while the gather waits.
-    awaiting: dict[tuple[str, str], asyncio.Future[PeerModel]] = field(default_factory=dict)
+    awaiting: dict[tuple[str, str], asyncio.Future[PeerModel | None]] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)          # peer -> why its part was refused
     # peer -> each count its parts were pulled back on (weights, buffers, per part), with distance and bound
     bounded: dict[str, list[str]] = field(default_factory=dict)
@@ -67,6 +67,7 @@ class Intake:
         self.buffer_keys = {part: frozenset(k for k in part_state(model, part) if k in floating_buffers)
                             for part in PARTS}
         self.extra = extra  # parts besides the model's own (the coordinator's replies, setup parts)
+        self.gave_up = False  # the node stops after this round: no gather waits for a part any more
         self.sparsity = Sparsity.parse(settings.wire_sparsity)
         # Each peer's public copy of each part it sends sparse (p2pfl.runtime.sparse_wire): at
         # first the initial model, which every node builds from the same seed.
@@ -96,6 +97,13 @@ class Intake:
         if kind != "model":
             return None
         return self.extra[part].meta if part in self.extra else MODEL_META
+
+    def give_up_waits(self) -> None:
+        """Every part the gather under way (or a later one) still waits for is answered with nothing."""
+        self.gave_up = True
+        for waiting in self.current.awaiting.values():
+            if not waiting.done():
+                waiting.set_result(None)
 
     def on_push(self, message: Message) -> None:
         """A peer pushed a part. Taken only while this node's gather waits for exactly that

@@ -117,10 +117,11 @@ class Node:
         return self.ctx.round
 
     def stop_soon(self, status: str, reason: str) -> None:
-        """End before the next round with `status` (its result's error: `reason`); what a companion
-        calls when this node may not go on (its federation revoked it)."""
+        """End before the next round with `status` (error: `reason`), and stop waiting for this round's
+        parts; what a companion calls when this node may not go on (its federation revoked it)."""
         if self.stop_with is None:
             self.stop_with = (status, reason)
+            self.exchange.intake.give_up_waits()
 
     def _status(self) -> dict[str, Any]:
         # Public (unauthenticated): liveness and round only.

@@ -218,6 +218,9 @@ def test_the_lan_walkthrough_runs_as_written_and_refuses_what_it_should(tmp_path
     assert "certificate_revoked" in results["gamma"]["federation"]["refused_by"]
     assert "a member refuses this node" in logs["gamma"] and "stopping before round" in logs["gamma"]
     assert results["gamma"]["rounds"][-1]["round"] < rounds
+    # Told, it stops waiting for the round under way (omega's push held it for the whole fetch
+    # timeout, 60 s, before the round's waits were given up).
+    assert results["gamma"]["rounds"][-1]["wall_s"] < 30, results["gamma"]["rounds"][-1]
     # Each member keeps the newest list on disk: a seed started again from nothing refuses gamma.
     assert "gamma" in (tmp / "alpha" / "alpha.revocations.toml").read_text()
 
