@@ -86,6 +86,9 @@ def test_global_strategy_builds_indices_through_the_coordinator(tmp_path):
     assert code == 0, resumed["summary"]
     assert resumed["client2vec"]["indices"] == c2v["indices"]
     assert resumed["coordinator"]["status"] == "ok" and resumed["coordinator"]["setup"] is None
+    # With no round left they wait for nobody (they waited start_wait_s, 30 s, for a coordinator
+    # that had nothing left to do and had ended).
+    assert not any("not up after" in log.read_text() for log in (tmp_path / "run" / "logs").glob("node-*.log"))
     for before, after in zip(results["nodes"], resumed["nodes"]):
         assert after["setup"] == json.loads(json.dumps(before["setup"])) and after["rounds"] == before["rounds"]
 
