@@ -77,7 +77,7 @@ def test_a_run_writes_its_scalars_live(tmp_path: Path) -> None:
 
     from tests.runtime.helpers import write_tiny
 
-    scenario = write_tiny(tmp_path, nodes=2, rounds=400, samples=40, timeout=5.0)
+    scenario = write_tiny(tmp_path, nodes=2, rounds=200, samples=40, timeout=5.0)
     out, logdir = tmp_path / "run", tmp_path / "tb"
     run = subprocess.Popen([sys.executable, "-m", "p2pfl", "run", str(scenario), "--out", str(out), "--no-progress",
                             "--tensorboard", str(logdir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -105,7 +105,7 @@ def test_a_run_writes_its_scalars_live(tmp_path: Path) -> None:
     assert steps == [r["round"] for r in results["nodes"][0]["rounds"]]  # every round, once
     mean = EventAccumulator(str(logdir / "mean"), size_guidance={"scalars": 0})
     mean.Reload()
-    assert len(mean.Scalars("accuracy/after_training")) == 400
+    assert len(mean.Scalars("accuracy/after_training")) == 200
 
 
 def test_a_folder_without_results_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
