@@ -243,13 +243,13 @@ class Node:
                     self.ctx.round = first - 1
                     self._skip_draws(1, first)
                 else:
-                    # Not a barrier: it starts once its peers are up or start_wait_s has passed (peers still
-                    # importing torch do not slow round 1); resumed after its last round, it waits for nobody.
+                    # Not a barrier: peers still importing torch do not slow round 1. After its last round
+                    # it asks a coordinator nothing (one resumed with nothing left to do has ended).
                     awaited = set(self.neighbours.asked) - self.parts.joins_late
-                    if cfg.coordinator is not None:
+                    if cfg.coordinator is not None and first <= sc.rounds:
                         awaited.add(COORDINATOR_ID)
-                    silent = await transport.wait_until_up(awaited, sc.start_wait_s) if first <= sc.rounds else awaited
-                    if silent and first <= sc.rounds:
+                    silent = await transport.wait_until_up(awaited, sc.start_wait_s)
+                    if silent:
                         self.log.warning("starting without %s: not up after %.0f s", sorted(silent), sc.start_wait_s)
                 if self.arrival == "resume":
                     await self.exchange.republish(self.ctx.round)
@@ -276,7 +276,7 @@ class Node:
                 goodbye = f"failed in round {self.ctx.round}: {exc!r}"
                 self.log.error("node failed:\n%s", error)
             self.stage = Stage.DONE
-            # Resumed after its last round, it asked nobody: a neighbour not seen is one still starting,
+            # Resumed after its last round, it asked nobody: a silent neighbour is one still starting,
             # which will replay rounds this node serves.
             not_up_yet = silent - self.neighbours.departed if first > sc.rounds else set()
             await self.membership.end(status, goodbye, self.ctx.round + 1, cfg.coordinator is not None, not_up_yet)
