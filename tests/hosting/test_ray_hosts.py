@@ -68,9 +68,14 @@ def test_a_run_spans_two_ray_hosts_and_resumes_on_the_head_alone_when_the_worker
         # Ray's sockets live in its temp dir, whose paths must stay under 108 bytes: not in tmp_path.
         temp = {h: tempfile.mkdtemp(prefix=f"p2pfl-ray-{h}-") for h in ("head", "worker")}
         request.addfinalizer(lambda: [shutil.rmtree(folder, ignore_errors=True) for folder in temp.values()])
+        # The head's health check of the other host: a check a second, three failed in a row mark it
+        # dead (Ray's defaults, every 3 s and five, took about 12 s to see the killed host gone); each
+        # check still waits up to 3 s, so a loaded but living host is not taken for dead.
+        checks = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
+                  "RAY_health_check_failure_threshold": "3"}
         head_ray = bed.spawn("head", [RAY, "start", "--head", f"--node-ip-address={head}", "--port=6379",
                                       "--include-dashboard=false", f"--temp-dir={temp['head']}", *common],
-                             log=tmp_path / "ray-head.log", env=env)
+                             log=tmp_path / "ray-head.log", env={**env, **checks})
 
         def head_listens() -> bool:
             assert head_ray.poll() is None, (tmp_path / "ray-head.log").read_text()[-2000:]
