@@ -21,6 +21,7 @@ from p2pfl.cli import main
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.checkpoint import load_checkpoint, read_checkpoint
 from p2pfl.hosting.ports import free_ports
+from p2pfl.hosting import forks
 from p2pfl.hosting import ray as ray_placement
 from p2pfl.scenario.launcher import run_scenario
 from p2pfl.wire import NodeKey
@@ -61,19 +62,39 @@ def _assert_same_run(out_a: Path, a_results: dict, out_b: Path, b_results: dict)
             torch.testing.assert_close(tensor, states[1][name], rtol=1e-5, atol=1e-6, msg=f"{a['id']} {name}")
 
 
+_PER_NODE: dict[str, tuple[Path, dict]] = {}
+
+
+def _process_per_node(factory: pytest.TempPathFactory, algorithm: str) -> tuple[Path, dict]:
+    """The run every other placement is compared with (one process per node, forked where the
+    platform forks), made once per test process: the tests that compare with it share an xdist
+    group, so one worker makes it once for all of them."""
+    if algorithm not in _PER_NODE:
+        _PER_NODE[algorithm] = _run(factory.mktemp(f"per-node-{algorithm}"), algorithm, "process")
+    return _PER_NODE[algorithm]
+
+
+# The "ray" group: one Ray cluster at a time (the actor test kills actors it finds in /proc), and
+# the placement comparisons beside them share one process-per-node run (`_process_per_node`).
+@pytest.mark.xdist_group("ray")
 @pytest.mark.parametrize("algorithm", ["local", "fedavg"])
-def test_shared_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str) -> None:
-    (out_p, process), (out_s, shared) = _run(tmp_path, algorithm, "process"), _run(tmp_path, algorithm, "shared")
+def test_shared_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str,
+                                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    (out_p, process), (out_s, shared) = _process_per_node(tmp_path_factory, algorithm), _run(tmp_path, algorithm, "shared")
     assert sorted(p.name for p in (out_s / "logs").glob("*.log")) == ["worker-0.log", "worker-1.log"]
     _assert_same_run(out_p, process, out_s, shared)
     assert json.loads((out_s / "scenario.json").read_text())["runtime"]["placement"] == "shared"
 
 
+@pytest.mark.xdist_group("ray")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform cannot fork")
-def test_forked_node_processes_give_the_same_run_as_spawned_ones(tmp_path: Path) -> None:
-    """`runtime.start_method`: one import, then a fork per node, against a fresh interpreter per
-    node. Each forked node is its own process with its own log; the run is the same."""
-    out_f, forked = _run(tmp_path / "f", "fedavg", "process", 'runtime.start_method="fork"')
+def test_forked_node_processes_give_the_same_run_as_spawned_ones(tmp_path: Path,
+                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`runtime.start_method`: one import, then a fork per node (the default, "auto", where the
+    platform forks), against a fresh interpreter per node. Each forked node is its own process
+    with its own log; the run is the same."""
+    out_f, forked = _process_per_node(tmp_path_factory, "fedavg") if forks("auto") else \
+        _run(tmp_path / "f", "fedavg", "process", 'runtime.start_method="fork"')
     out_s, spawned = _run(tmp_path / "s", "fedavg", "process", 'runtime.start_method="spawn"')
     _assert_same_run(out_f, forked, out_s, spawned)
     assert sorted(p.name for p in (out_f / "logs").glob("*.log")) == ["forked.log"] + [f"node-{i}.log" for i in range(4)]
@@ -149,11 +170,11 @@ def ray_cluster() -> Iterator[str]:
             os.environ["RAY_AUTH_MODE"] = auth
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time: the actor test kills actors it finds in /proc
+@pytest.mark.xdist_group("ray")
 @pytest.mark.parametrize("algorithm", ["local", "fedavg"])
-def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str,
-                                                                  ray_cluster: str) -> None:
-    out_p, process = _run(tmp_path, algorithm, "process")
+def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str, ray_cluster: str,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    out_p, process = _process_per_node(tmp_path_factory, algorithm)
     out_r, on_ray = _run(tmp_path, algorithm, "ray", f'runtime.ray_address="{ray_cluster}"')
     _assert_same_run(out_p, process, out_r, on_ray)
     # What the actors wrote came back into the run folder; what they were given stayed here.
