@@ -447,7 +447,9 @@ def test_a_damaged_checkpoint_is_named_in_the_summary_with_the_intact_previous_o
 
     scenario = write_tiny(tmp_path, nodes=2, rounds=3, samples=40)
     out = tmp_path / "run"
-    _, code = run_scenario(scenario, out, progress=False, quiet=True)
+    # node-1, resumed after its last round, waits for node-0 (which fails at once) and lingers for
+    # it, as it would for a neighbour still starting: briefly here (the default took 25 s of the test).
+    _, code = run_scenario(scenario, out, ["runtime.start_wait_s=2", "runtime.linger_s=1"], progress=False, quiet=True)
     assert code == 0
     damaged = out / "checkpoints" / "node-0.p2pfl"
     swap = damaged.with_name(f".{damaged.name}.swap")
