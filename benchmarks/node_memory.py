@@ -21,6 +21,7 @@ import logging
 import statistics
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "scale.toml"
+PEAK_EVERY_S = 0.5
 def rss_bytes() -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -55,16 +57,52 @@ def node_storages(node: Node) -> dict[str, dict[int, int]]:
     return found
 
 
-async def _run(nodes: list[Node], workers: int) -> list[dict[str, Any]]:
+# What `--peak` names separately, walked in this order (a storage counts under the first that reaches it).
+PEAK_ROOTS: tuple[tuple[str, Callable[[Node], Any]], ...] = (
+    ("model", lambda n: n.parts.model),
+    ("data", lambda n: n.parts.data),
+    ("carrier (published parts)", lambda n: n.parts.transport),
+    ("strategy (FedAvg's running sum)", lambda n: n.parts.strategy),
+    ("round checks (the round's start copy)", lambda n: n.exchange.intake),
+)
+
+
+def held_now(nodes: list[Node]) -> dict[str, int]:
+    """Component -> tensor, array and frame bytes the nodes' attributes reach at this moment, each
+    storage once (a co-located carrier reaches its neighbours' published parts too); what coroutines
+    hold in their locals (arrivals being decoded, a fit's batches) is not reached."""
+    storages: dict[int, tuple[str, int]] = {}
+    for node in nodes:
+        for key, held in walk(node, [(name, get(node)) for name, get in PEAK_ROOTS]).storages.items():
+            storages.setdefault(key, held)
+    total: dict[str, int] = defaultdict(int)
+    for component, nbytes in storages.values():
+        total[component] += nbytes
+    return dict(total)
+
+
+async def sample_peak(nodes: list[Node], every_s: float, peak: dict[str, Any]) -> None:
+    """Every `every_s`, what the nodes hold (`held_now`) and the RSS; keeps the sample of the largest RSS."""
+    while True:
+        await asyncio.sleep(every_s)
+        rss, held = rss_bytes(), held_now(nodes)
+        if rss > peak.get("rss", 0):
+            peak.update(rss=rss, held=held, rounds=[n.round for n in nodes])
+
+
+async def _run(nodes: list[Node], workers: int, peak: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     # As a worker runs its share (p2pfl.assembly.host_nodes): its thread pool and heap settings, and
     # freed heap pages going back as it goes. Without `host_many_nodes` (before 2026-11-28), asyncio's
     # default pool of cores + 4 threads each kept a heap of its own: "other" read 2.6 MiB a node.
     host_many_nodes(asyncio.get_running_loop(), workers)
     trimming = asyncio.ensure_future(release_periodically(HEAP_RELEASE_EVERY_S))
+    sampling = asyncio.ensure_future(sample_peak(nodes, PEAK_EVERY_S, peak)) if peak is not None else None
     try:
         return list(await asyncio.gather(*(n.run() for n in nodes)))
     finally:
         trimming.cancel()
+        if sampling is not None:
+            sampling.cancel()
 
 
 def main() -> None:
@@ -72,6 +110,9 @@ def main() -> None:
     parser.add_argument("scenario", nargs="?", default=str(SCENARIO))
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--peak", action="store_true",
+                        help=f"also walk the nodes every {PEAK_EVERY_S} s of the run and print what they held at the "
+                             "sample of the largest RSS")
     args = parser.parse_args()
     scenario = load_scenario(args.scenario, [*args.overrides, f"nodes={args.nodes}", 'runtime.placement="shared"'])
     torch.set_num_threads(scenario.runtime.torch_threads)
@@ -86,7 +127,8 @@ def main() -> None:
         built_half = rss_bytes()  # past the one-off costs (the data set read, imports, first allocations)
         nodes += [assemble_node(load_node_config(p), scenario) for p in paths[half:]]
         built = rss_bytes()
-        results = asyncio.run(_run(nodes, scenario.runtime.workers))
+        peak: dict[str, Any] | None = {} if args.peak else None
+        results = asyncio.run(_run(nodes, scenario.runtime.workers, peak))
         release_freed_memory()  # what the nodes hold, not garbage waiting for the next second's trim
         after = rss_bytes()
     failed = [r.get("status") for r in results if r.get("status") != "ok"]
@@ -120,6 +162,12 @@ def main() -> None:
     print(f"{'shared by nodes':<22}{sum(shared.values()) / n / 2**10:>14.1f}{sum(shared.values()) / n / growth:>16.0%}"
           f"   ({sum(shared.values()) / 2**20:.1f} MiB once for all)")
     print(f"{'other (objects)':<22}{(growth - tensors) / 2**10:>14.1f}{(growth - tensors) / growth:>16.0%}")
+    if peak:
+        rounds = sorted(set(peak["rounds"]))
+        print(f"\nat the sample of the largest RSS ({peak['rss'] / 2**20:.0f} MiB; {(peak['rss'] - built) / n / 2**10:.0f} "
+              f"KiB per node over the built nodes; nodes in rounds {rounds}): what their attributes reach, per node")
+        for component, nbytes in sorted(peak["held"].items(), key=lambda kv: -kv[1]):
+            print(f"{component:<40}{nbytes / n / 2**10:>10.1f} KiB")
 
 
 if __name__ == "__main__":

@@ -60,11 +60,13 @@ class Reached:
     objects: dict[int, tuple[str, int]]
 
 
-def walk(node: Node) -> Reached:
+def walk(node: Node, roots: Sequence[tuple[str, Any]] = ()) -> Reached:
+    """`roots`: (component, object) walked first, in order (finer names than the node's attributes,
+    e.g. ("model", node.parts.model)); then every attribute of the node, named after it."""
     seen: set[int] = {id(node), id(node.__dict__)}
     storages: dict[int, tuple[str, int]] = {}
     objects: dict[int, tuple[str, int]] = {}
-    for attr, root in vars(node).items():
+    for attr, root in [*roots, *vars(node).items()]:
         component = attr.lstrip("_")
         stack = [root]
         while stack:
