@@ -41,6 +41,8 @@ from p2pfl.scenario.schema import load_scenario
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "scale.toml"
 PEAK_EVERY_S = 0.5
+
+
 def rss_bytes() -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
