@@ -126,18 +126,27 @@ def recording_push(session: Any, base: str, statuses: dict[str, int]) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def silent_peer(node: Node, peer: str = "node-1") -> AsyncIterator[None]:
+async def silent_peer(node: Node, peer: str = "node-1", answer: bytes | None = None) -> AsyncIterator[list[int]]:
     """`peer`'s address held by a host that accepts connections and never answers: a fetch from it
-    waits its whole timeout (a machine that hangs), where a closed port is refused at once."""
+    waits its whole timeout (a machine that hangs), where a closed port is refused at once. With
+    `answer`, the host reads each request's head, writes `answer` and closes the connection (a peer
+    that dies mid-answer, or one that does not speak HTTP); it yields how many requests it took."""
     port = urlsplit(node.transport.peers[peer]).port
     held: list[asyncio.StreamWriter] = []
+    requests = [0]
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         held.append(writer)
+        if answer is not None:
+            await reader.readuntil(b"\r\n\r\n")
+            requests[0] += 1
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
 
     server = await asyncio.start_server(hold, "127.0.0.1", port)
     try:
-        yield
+        yield requests
     finally:
         server.close()
         for writer in held:

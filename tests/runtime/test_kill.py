@@ -332,7 +332,7 @@ def test_a_node_killed_during_run_is_named_at_once_and_keeps_its_own_exit_status
     assert all(then <= at + 2 for then, at in zip(rounds_then, rounds_at_kill))  # named within a round or so
     results = json.loads((out / "results.json").read_text())
     codes = {n["id"]: n["exit_code"] for n in results["nodes"]}
-    assert codes == {"node-0": 0, "node-1": -9, "node-2": 0}
+    assert codes == {"node-0": 0, "node-1": -9, "node-2": 0}, [(n["id"], n["status"], n["error"]) for n in results["nodes"]]
     victim = next(n for n in results["nodes"] if n["id"] == "node-1")
     assert victim["status"] == "failed" and "killed by SIGKILL" in victim["error"]
     assert len(victim["rounds"]) == killed_after  # what it did before it died is kept

@@ -11,6 +11,7 @@ import struct
 
 import aiohttp
 import numpy as np
+import pytest
 import torch
 
 from p2pfl.models import part_state
@@ -157,3 +158,33 @@ def test_a_node_told_to_stop_gives_up_the_parts_it_waits_for(tmp_path):
 
     assert asyncio.run(scenario()) == ([], [])
     assert node.stop_with == ("revoked", "revoked by the test")
+
+
+TRUNCATED = b"HTTP/1.1 200 OK\r\nContent-Length: 424104\r\n\r\n" + bytes(1000)  # the peer died mid-answer
+NOT_HTTP = b"SSH-2.0-OpenSSH_9.6\r\n\r\n"  # whoever holds the address speaks something else
+
+
+@pytest.mark.parametrize("answer, retried", [(TRUNCATED, True), (NOT_HTTP, False)], ids=["truncated", "not-http"])
+def test_a_peer_that_dies_mid_answer_or_answers_garbage_costs_a_part_not_the_node(tmp_path, answer, retried):
+    """CI, once: node-1 was SIGKILLed while it sent node-2 its part; the answer ended 0 of 424104
+    bytes into its body, aiohttp raised ClientPayloadError (no ClientConnectionError) and node-2's
+    run failed with it. A cut answer is a connection lost (tried again until the timeout), an answer
+    that is not HTTP is refused at once; the round goes on without that part, and so do pushes."""
+    node = lone_node(tmp_path, NodeKey.generate(), fetch_timeout_s=2.0)
+    body = {k: v.clone() for k, v in part_state(node.model, "body").items()}
+
+    async def scenario() -> tuple[list, bool, int]:
+        await node.transport.start(node.config.host, node.config.port)
+        try:
+            async with silent_peer(node, answer=answer) as requests:
+                arrived = await asyncio.wait_for(node.exchange.gather([Fetch("node-1", "body")], 1, RoundChecks(1)), 20)
+                fetches = requests[0]
+                pushed = await asyncio.wait_for(node.transport.push(
+                    "node-1", kind="model", part="body", round_=1, version=1, tensors=body, meta={}, timeout=2.0), 20)
+        finally:
+            await node.transport.close()
+        return arrived, pushed, fetches
+
+    arrived, pushed, fetches = asyncio.run(scenario())
+    assert arrived == [] and pushed is False
+    assert (fetches > 1) == retried

@@ -78,12 +78,12 @@ class HttpClient:
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 2.0)
                 continue
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError,
-                    asyncio.IncompleteReadError):  # the connection closed before the declared length
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError,
+                    asyncio.IncompleteReadError):  # the connection closed before the declared length (the peer died)
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 2.0)
                 continue
-            except ValueError as exc:
+            except (ValueError, aiohttp.ClientError) as exc:  # too large, or not an HTTP answer at all
                 self.log.warning("fetch %s/%s rejected: %s", peer, part, exc)
                 return None
             return self.opened_answer(peer, part, data)
@@ -131,9 +131,12 @@ class HttpClient:
                     return False
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 5.0)
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError):
                 await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
                 backoff = min(backoff * 2, 5.0)
+            except aiohttp.ClientError as exc:  # not an HTTP answer at all: whoever answered is no inbox
+                self.log.warning("push to %s rejected: %s", target, exc)
+                return False
         return False
 
     async def call(self: Endpoint, url: str, body: bytes, limit: int) -> tuple[int, bytes]:
