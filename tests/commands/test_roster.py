@@ -69,16 +69,20 @@ def test_configs_from_keygen_and_roster_give_each_node_its_index_port_and_peers(
 
 def test_roster_check_reports_unreachable_hosts_and_then_all_up(tmp_path, capsys) -> None:
     roster, _ = _deployment(tmp_path, capsys)
-    assert main(["roster", "check", str(roster), "--timeout", "1"]) == 1
-    captured = capsys.readouterr()
-    assert "3 nodes" in captured.out and captured.out.count("UNREACHABLE") == 3
+    # The roster's ports are held from the start, bound but not listening (a connection is refused
+    # as by a host with nothing there): bound only after the first check, one was once taken by
+    # another test's node meanwhile (CI, "Address already in use").
     listeners = []
-    for entry in load_roster(roster).nodes.values():
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", int(entry.url.rsplit(":", 1)[1])))
-        sock.listen()
-        listeners.append(sock)
     try:
+        for entry in load_roster(roster).nodes.values():
+            sock = socket.socket()
+            listeners.append(sock)
+            sock.bind(("127.0.0.1", int(entry.url.rsplit(":", 1)[1])))
+        assert main(["roster", "check", str(roster), "--timeout", "1"]) == 1
+        captured = capsys.readouterr()
+        assert "3 nodes" in captured.out and captured.out.count("UNREACHABLE") == 3
+        for sock in listeners:
+            sock.listen()
         assert main(["roster", "check", str(roster), "--timeout", "1"]) == 0
         assert capsys.readouterr().out.count(" ok ") == 3
     finally:
