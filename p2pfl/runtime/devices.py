@@ -6,6 +6,9 @@
   goes through it, so strategies never see a tensor on another device than their model.
 * `host_snapshot`: publishing copies a part to host memory once; the wire encodes that
   copy without copying it again, and training may go on changing the model meanwhile.
+* `lend` and `take_back`: a model on the host publishes its own tensors instead, and takes
+  fresh storage back before anything writes to it (the round's aggregation): between the two,
+  while the node waits for its peers' parts, it holds one copy of its model, not two.
 * `data_to_device`: a node's splits are moved once at start, so every training,
   evaluation and influence batch is already where the model is.
 """
@@ -87,3 +90,19 @@ def data_to_device(data: NodeData, device: torch.device) -> NodeData:
         test=split_to_device(data.test, device),
         extra_tests={name: split_to_device(split, device) for name, split in data.extra_tests.items()},
     )
+
+
+def lend(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A host model's own tensors, detached and not copied, for the wire to reference until the
+    model `take_back`s its storage; a `host_snapshot` where they are on a device or not contiguous."""
+    if all(t.device.type == "cpu" and t.is_contiguous() for t in tensors.values()):
+        return {name: t.detach() for name, t in tensors.items()}
+    return host_snapshot(tensors)
+
+
+def take_back(model: torch.nn.Module) -> None:
+    """Every parameter and buffer of `model` on storage of its own again (a copy; the tensor
+    objects stay, so optimizers and hooks still hold them): what `lend` gave the wire keeps its
+    values while the model changes."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        tensor.data = tensor.data.clone()

@@ -138,6 +138,43 @@ def test_published_snapshot_is_a_host_copy_that_training_cannot_change() -> None
     assert torch.equal(snapshot["w"], torch.ones(4, 3))
 
 
+def test_a_lent_model_serves_its_own_tensors_until_it_takes_its_storage_back() -> None:
+    """`lend`: the published part is the model's own memory (no copy while the node waits for its
+    peers); `take_back` gives the model fresh storage, so what was published keeps the trained
+    values however the model changes next, and an optimizer built before still trains it."""
+    from p2pfl.runtime.devices import lend, take_back
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    lent = lend(part_state_of(model))
+    own = {k: v.untyped_storage().data_ptr() for k, v in model.state_dict().items()}
+    assert {k: v.untyped_storage().data_ptr() for k, v in lent.items()} == own  # not copied
+    params = list(model.parameters())
+    take_back(model)
+    assert list(model.parameters()) == params and all(p is q for p, q in zip(model.parameters(), params))
+    assert all(v.untyped_storage().data_ptr() != own[k] for k, v in model.state_dict().items())
+    for _ in range(3):  # the model changes: weights by the optimizer, running statistics by the forward pass
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    for k, v in lent.items():
+        assert torch.equal(v, trained[k]), k
+    for k in ("0.weight", "1.weight", "1.running_mean", "1.running_var"):  # (a bias before BatchNorm has no gradient)
+        assert not torch.equal(model.state_dict()[k], trained[k]), k
+    not_contiguous = {"w": torch.ones(3, 4).t()}
+    assert lend(not_contiguous)["w"].untyped_storage().data_ptr() != not_contiguous["w"].untyped_storage().data_ptr()
+
+
+def part_state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
 def test_device_settings() -> None:
     assert node_device("cpu", 7) == torch.device("cpu")
     if torch.cuda.is_available():

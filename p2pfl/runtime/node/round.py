@@ -20,7 +20,7 @@ import torch
 
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
-from p2pfl.runtime.devices import host_snapshot
+from p2pfl.runtime.devices import host_snapshot, lend, take_back
 from p2pfl.runtime.node.exchange import Exchange
 from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.node.kept import KeptParts
@@ -110,21 +110,28 @@ class Round:
         lie = getattr(parts.attack, "news", None)  # an attack may poison parts only (tests bring their own)
         if lie is not None:
             meta = lie(meta, sorted(kit.neighbours.members), ctx.node_id, self._forged, r)
-        if strategy.shared_parts:
-            shared = {p: host_snapshot(part_state(parts.model, p)) for p in strategy.shared_parts}
-            if parts.attack is not None:
-                shared = parts.attack.published(shared, host_snapshot(ctx.round_start), r)
-            shared = {p: quantize(t, kit.settings.wire_precision) for p, t in shared.items()}
-            await exchange.publish_round(r, shared, meta)
-        clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
-        pushes = await asyncio.to_thread(strategy.pushes, ctx) if overrides(strategy, Strategy, "pushes") else []
-        clock.switch("exchange")
-        await exchange.send_pushes(pushes, r)
-        if probes is not None:
-            await probes
-        ctx.peers = kit.neighbours.asked  # after the probes, and any goodbye that came while it trained
-        fetches, versions, sat_out = kit.neighbours.to_ask(strategy.configure_fetch(ctx), r, kit.settings.accept_stale)
-        arrived = await exchange.gather(fetches, r, checks, versions=versions)
+        # A host model's own tensors are published, not a copy of them, until it takes fresh
+        # storage back after the gather: while it waits for its peers it holds one copy of its model.
+        lent = bool(strategy.shared_parts) and parts.attack is None and parts.device.type == "cpu"
+        try:
+            if strategy.shared_parts:
+                shared = {p: (lend if lent else host_snapshot)(part_state(parts.model, p)) for p in strategy.shared_parts}
+                if parts.attack is not None:
+                    shared = parts.attack.published(shared, host_snapshot(ctx.round_start), r)
+                shared = {p: quantize(t, kit.settings.wire_precision) for p, t in shared.items()}
+                await exchange.publish_round(r, shared, meta)
+            clock.switch("aggregate")  # the statistics a strategy pushes are its own computation
+            pushes = await asyncio.to_thread(strategy.pushes, ctx) if overrides(strategy, Strategy, "pushes") else []
+            clock.switch("exchange")
+            await exchange.send_pushes(pushes, r)
+            if probes is not None:
+                await probes
+            ctx.peers = kit.neighbours.asked  # after the probes, and any goodbye that came while it trained
+            fetches, versions, sat_out = kit.neighbours.to_ask(strategy.configure_fetch(ctx), r, kit.settings.accept_stale)
+            arrived = await exchange.gather(fetches, r, checks, versions=versions)
+        finally:
+            if lent:
+                take_back(parts.model)
         unanswered = kit.neighbours.warn_silent(r, {f.peer for f in fetches} - {m.sender for m in arrived}
                                                 - set(checks.refused))
         kit.neighbours.judge({m.sender for m in arrived}, checks.refused, checks.bounded_factor, r)
