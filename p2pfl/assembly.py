@@ -210,10 +210,11 @@ def node_settings(sc: Scenario) -> NodeSettings:
                         written_as=sc.written_as, **settings_for(sc.runtime, "node"))
 
 
-# A worker of many nodes returns freed heap pages this often (p2pfl.runtime.resources): the
-# 1000-node run's peak (both workers) fell from 5.0 to 4.4 GB, its round time within the spread
-# between runs (`python benchmarks/scale.py --nodes 1000`).
-HEAP_RELEASE_EVERY_S = 1.0
+# A worker of many nodes returns freed heap pages this often (p2pfl.runtime.resources): every
+# second, the 1000-node run's peak (both workers) fell from 5.0 to 4.4 GB; every 0.25 s (with
+# published parts lent, 2026-11-28) from 3.44-3.60 to 3.34-3.43 GB, its round time within the
+# spread between runs either time (`python benchmarks/scale.py --nodes 1000`, docs/benchmarks.md).
+HEAP_RELEASE_EVERY_S = 0.25
 
 
 async def host_nodes(configs: Sequence[NodeConfig], *, resume: bool = False, together: bool = False,

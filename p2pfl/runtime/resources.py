@@ -7,7 +7,7 @@ glibc keeps freed blocks for reuse, and after the first large block is freed it 
 of a model's size (hundreds of KB) from its heaps instead of fresh mappings. A worker whose
 nodes each copy, encode and receive several such blocks a round then holds the high-water
 mark of every round's garbage: at 1000 nodes, about 2 MiB a node that nothing uses
-(`python benchmarks/node_memory.py`). `malloc_trim` returns those pages, once a second; between
+(`python benchmarks/node_memory.py`). `malloc_trim` returns those pages every `p2pfl.assembly.HEAP_RELEASE_EVERY_S`; between
 two trims, freed blocks stay in the heap for the next ones (`keep_freed_blocks`) instead of being
 unmapped and mapped again page by page. Elsewhere than on glibc this does nothing.
 
@@ -69,7 +69,7 @@ def keep_freed_blocks() -> bool:
     freed, and the kernel zeroes every page of the next one on first touch: a worker's nodes copy,
     widen and train on blocks of a model's size, a little larger or smaller each time, and such
     page faults were the largest share of a 1000-node run's system time (`perf record -a`).
-    `release_periodically` still hands the freed pages back every second."""
+    `release_periodically` still hands the freed pages back as the worker runs."""
     mallopt = _glibc("mallopt")
     if mallopt is None:
         return False
