@@ -19,16 +19,17 @@ import argparse
 import asyncio
 import logging
 import statistics
+import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from p2pfl.assembly import HEAP_RELEASE_EVERY_S, assemble_node
-from p2pfl.hosting.footprint import walk
+from p2pfl.hosting.footprint import Reached, walk, walk_from
 from p2pfl.runtime.config import load_node_config
 from p2pfl.runtime.node import Node
 from p2pfl.runtime.resources import (
@@ -71,34 +72,52 @@ PEAK_ROOTS: tuple[tuple[str, Callable[[Node], Any]], ...] = (
 
 def held_now(nodes: list[Node]) -> dict[str, int]:
     """Component -> tensor, array and frame bytes the nodes' attributes reach at this moment, each
-    storage once (a co-located carrier reaches its neighbours' published parts too); what coroutines
-    hold in their locals (arrivals being decoded, a fit's batches) is not reached."""
-    storages: dict[int, tuple[str, int]] = {}
+    storage once (a co-located carrier reaches its neighbours' published parts too); then what
+    only the locals of the running coroutines and threads reach, by the function holding it
+    (arrivals being decoded, a fit's batches)."""
+    reached, seen = Reached({}, {}), set()
     for node in nodes:
-        for key, held in walk(node, [(name, get(node)) for name, get in PEAK_ROOTS]).storages.items():
-            storages.setdefault(key, held)
+        own = {id(node), id(node.__dict__)}
+        walk_from([*((name, get(node)) for name, get in PEAK_ROOTS), *vars(node).items()], reached, own, node)
+        seen |= own
+    walk_from(list(frame_roots()), reached, seen)
     total: dict[str, int] = defaultdict(int)
-    for component, nbytes in storages.values():
+    for component, nbytes in reached.storages.values():
         total[component] += nbytes
     return dict(total)
 
 
-async def sample_peak(nodes: list[Node], every_s: float, peak: dict[str, Any]) -> None:
-    """Every `every_s`, what the nodes hold (`held_now`) and the RSS; keeps the sample of the largest RSS."""
+def frame_roots() -> Iterator[tuple[str, Any]]:
+    """(a function's name, its locals) for every frame of every task of this event loop and every
+    thread of this process, innermost first."""
+    for task in asyncio.all_tasks():
+        for frame in reversed(task.get_stack()):
+            yield f"locals of {frame.f_code.co_qualname} (task)", dict(frame.f_locals)
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            yield f"locals of {frame.f_code.co_qualname} (thread)", dict(frame.f_locals)
+            frame = frame.f_back
+
+
+async def sample_peak(nodes: list[Node], every_s: float, peak: dict[str, Any], walk_too: bool = True) -> None:
+    """Every `every_s`, what the nodes hold (`held_now`, unless not `walk_too`) and the RSS; keeps
+    the sample of the largest RSS, and the RSS right after a trim at that sample."""
     while True:
         await asyncio.sleep(every_s)
-        rss, held = rss_bytes(), held_now(nodes)
+        rss, held = rss_bytes(), held_now(nodes) if walk_too else {}
         if rss > peak.get("rss", 0):
-            peak.update(rss=rss, held=held, rounds=[n.round for n in nodes])
+            release_freed_memory()  # what of it was freed blocks the heap had not handed back yet
+            peak.update(rss=rss, trimmed=rss_bytes(), held=held, rounds=[n.round for n in nodes])
 
 
-async def _run(nodes: list[Node], workers: int, peak: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+async def _run(nodes: list[Node], workers: int, peak: dict[str, Any] | None = None,
+               walk_too: bool = True) -> list[dict[str, Any]]:
     # As a worker runs its share (p2pfl.assembly.host_nodes): its thread pool and heap settings, and
     # freed heap pages going back as it goes. Without `host_many_nodes` (before 2026-11-28), asyncio's
     # default pool of cores + 4 threads each kept a heap of its own: "other" read 2.6 MiB a node.
     host_many_nodes(asyncio.get_running_loop(), workers)
     trimming = asyncio.ensure_future(release_periodically(HEAP_RELEASE_EVERY_S))
-    sampling = asyncio.ensure_future(sample_peak(nodes, PEAK_EVERY_S, peak)) if peak is not None else None
+    sampling = asyncio.ensure_future(sample_peak(nodes, PEAK_EVERY_S, peak, walk_too)) if peak is not None else None
     try:
         return list(await asyncio.gather(*(n.run() for n in nodes)))
     finally:
@@ -115,6 +134,9 @@ def main() -> None:
     parser.add_argument("--peak", action="store_true",
                         help=f"also walk the nodes every {PEAK_EVERY_S} s of the run and print what they held at the "
                              "sample of the largest RSS")
+    parser.add_argument("--no-walk", action="store_true",
+                        help="with --peak, sample only the RSS and the RSS after a trim (the walks of 1000 nodes "
+                             "outlast the run)")
     args = parser.parse_args()
     scenario = load_scenario(args.scenario, [*args.overrides, f"nodes={args.nodes}", 'runtime.placement="shared"'])
     torch.set_num_threads(scenario.runtime.torch_threads)
@@ -130,7 +152,7 @@ def main() -> None:
         nodes += [assemble_node(load_node_config(p), scenario) for p in paths[half:]]
         built = rss_bytes()
         peak: dict[str, Any] | None = {} if args.peak else None
-        results = asyncio.run(_run(nodes, scenario.runtime.workers, peak))
+        results = asyncio.run(_run(nodes, scenario.runtime.workers, peak, not args.no_walk))
         release_freed_memory()  # what the nodes hold, not garbage waiting for the next second's trim
         after = rss_bytes()
     failed = [r.get("status") for r in results if r.get("status") != "ok"]
@@ -168,6 +190,8 @@ def main() -> None:
         rounds = sorted(set(peak["rounds"]))
         print(f"\nat the sample of the largest RSS ({peak['rss'] / 2**20:.0f} MiB; {(peak['rss'] - built) / n / 2**10:.0f} "
               f"KiB per node over the built nodes; nodes in rounds {rounds}): what their attributes reach, per node")
+        print(f"freed blocks not yet handed back: {(peak['rss'] - peak['trimmed']) / n / 2**10:.0f} KiB per node "
+              f"(the RSS right after a trim at that sample: {peak['trimmed'] / 2**20:.0f} MiB)")
         for component, nbytes in sorted(peak["held"].items(), key=lambda kv: -kv[1]):
             print(f"{component:<40}{nbytes / n / 2**10:>10.1f} KiB")
 

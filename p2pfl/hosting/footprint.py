@@ -63,10 +63,15 @@ class Reached:
 def walk(node: Node, roots: Sequence[tuple[str, Any]] = ()) -> Reached:
     """`roots`: (component, object) walked first, in order (finer names than the node's attributes,
     e.g. ("model", node.parts.model)); then every attribute of the node, named after it."""
-    seen: set[int] = {id(node), id(node.__dict__)}
-    storages: dict[int, tuple[str, int]] = {}
-    objects: dict[int, tuple[str, int]] = {}
-    for attr, root in [*roots, *vars(node).items()]:
+    reached = Reached({}, {})
+    walk_from([*roots, *vars(node).items()], reached, {id(node), id(node.__dict__)}, node)
+    return reached
+
+
+def walk_from(roots: Sequence[tuple[str, Any]], reached: Reached, seen: set[int], node: Node | None = None) -> None:
+    """Adds to `reached` what `roots` reach past `seen` (ids, grown as it goes), never entering a
+    node other than `node`: a storage counts under the first root that reaches it."""
+    for attr, root in roots:
         component = attr.lstrip("_")
         stack = [root]
         while stack:
@@ -75,18 +80,17 @@ def walk(node: Node, roots: Sequence[tuple[str, Any]] = ()) -> Reached:
                 continue
             seen.add(id(obj))
             if len(seen) > WALK_LIMIT:
-                raise RuntimeError(f"the walk from {node.config.id}.{attr} escaped the node ({WALK_LIMIT} objects)")
+                raise RuntimeError(f"the walk from {attr} escaped its node ({WALK_LIMIT} objects)")
             storage = storage_of(obj)
             if storage is not None:
-                storages.setdefault(storage[0], (component, storage[1]))
+                reached.storages.setdefault(storage[0], (component, storage[1]))
                 if not isinstance(obj, torch.Tensor):
                     continue
             if inspect.ismethod(obj):
                 continue  # a bound method leads back to its object, walked from its own attribute
-            objects[id(obj)] = (component, sys.getsizeof(obj))
+            reached.objects[id(obj)] = (component, sys.getsizeof(obj))
             if storage is None:
                 stack.extend(gc.get_referents(obj))
-    return Reached(storages, objects)
 
 
 def own_bytes(nodes: Sequence[Node]) -> list[dict[str, int]]:
