@@ -30,18 +30,22 @@ def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None
 def free_ports(count: int, host: str, *, ephemeral: tuple[int, int] | None = None,
                rng: random.Random | None = None) -> list[int]:
     """`count` distinct ports on `host` that nobody listens on now: drawn below the ephemeral range
-    where it leaves room (`ephemeral` as the kernel reports it unless given), else from the kernel."""
+    (`ephemeral` as the kernel reports it unless given) while it has untried ones, then from the kernel."""
     ephemeral = ephemeral if ephemeral is not None else ephemeral_range()
     below = range(LOWEST, ephemeral[0]) if ephemeral is not None else range(0)
     rng = rng or random.SystemRandom()  # two runs started together must not draw the same sequence
     sockets: list[socket.socket] = []
     ports: list[int] = []
-    tries = 0
+    tried: set[int] = set()
     try:
         while len(ports) < count:
-            # Where the range below is small or crowded, the kernel picks (the old behaviour).
-            port = rng.choice(below) if len(below) >= 4 * count and tries < 20 * count else 0
-            tries += 1
+            # Every port below the range is tried before the kernel picks one: 10,000 nodes once
+            # drew theirs from the kernel (the rule was 4 x room below), and a worker died when
+            # its node's port had become another connection's local end meanwhile.
+            port = rng.choice(below) if len(tried) < len(below) else 0
+            if port and port in tried:
+                continue
+            tried.add(port)
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener will
             try:
