@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Mapping
 
 import torch

@@ -14,17 +14,16 @@ from typing import Any
 import pytest
 import torch
 
-from p2pfl.assembly import assemble_node
-from p2pfl.assembly import build_coordinator
+from p2pfl.assembly import assemble_node, build_coordinator
 from p2pfl.errors import ConfigError
 from p2pfl.models import part_state
 from p2pfl.runtime.config import load_node_config
-from p2pfl.runtime.node import Node
 from p2pfl.runtime.devices import device_of, host_snapshot, node_device
+from p2pfl.runtime.node import Node
+from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.strategy import COORDINATOR_ID, Fetch
 from p2pfl.scenario.launcher import write_run_folder
 from p2pfl.scenario.schema import load_scenario
-from p2pfl.runtime.node.intake import RoundChecks
 
 from .helpers import write_tiny
 
