@@ -1,0 +1,189 @@
+"""Peak memory, start-up and round time against the number of nodes on this machine (issue 66).
+
+    python benchmarks/memory_curve.py [--nodes 1000,3000,5000,10000] [--limit-gb 21]
+        [--json benchmarks/results/memory_curve.json] [--figure docs/memory_curve.png] [--set KEY=VALUE ...]
+    python benchmarks/memory_curve.py --from benchmarks/results/memory_curve.json --figure docs/memory_curve.png
+
+Each size runs the scale scenario as anyone would, in a process of its own:
+
+    python -m p2pfl run scenarios/scale.toml --out RUN --no-progress --set nodes=N --set 'runtime.topology="regular:4"'
+
+while this script sums the RSS of that process and every process below it every 0.2 s. A run
+whose total passes `--limit-gb` is stopped by its own pids (SIGTERM to each, SIGKILL to what is
+left 10 s later), so that it cannot take the machine down, and its row says so with how far it
+got. Per size: start-up (launch to the moment the last node began round 1), s per round (the
+slowest node's mean round), the peak GB, and the nodes that ended ok. The rows go to `--json`
+(from which `--from` draws the figure again without running anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "scenarios" / "scale.toml"
+SAMPLE_EVERY_S = 0.2
+STOP_GRACE_S = 10.0
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every process below it, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [root], [root]
+    while frontier:
+        pid = frontier.pop()
+        children = [p for p, parent in parents.items() if parent == pid]
+        found += children
+        frontier += children
+    return found
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def stop(pids: list[int]) -> None:
+    """SIGTERM to each of `pids`, then SIGKILL to those still there after STOP_GRACE_S."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def progress(run: Path) -> dict[str, int]:
+    """How far a run got: nodes that recorded a round, and the rounds recorded over all nodes."""
+    files = list((run / "nodes").glob("*.rounds.jsonl"))
+    rounds = [f.read_text().count("\n") for f in files]
+    return {"nodes_in_a_round": sum(1 for r in rounds if r), "rounds_recorded": sum(rounds)}
+
+
+def measure(nodes: int, overrides: list[str], limit_bytes: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        command = [sys.executable, "-m", "p2pfl", "run", str(SCENARIO), "--out", str(run), "--no-progress",
+                   "--set", f"nodes={nodes}", "--set", 'runtime.topology="regular:4"',
+                   *(arg for o in overrides for arg in ("--set", o))]
+        launched = time.time()
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        peak, stopped_at = 0, None
+        while process.poll() is None:
+            pids = descendants(process.pid)
+            total = sum(rss_bytes(p) for p in pids)
+            peak = max(peak, total)
+            if total > limit_bytes:
+                stopped_at = total
+                stop(pids)
+                break
+            time.sleep(SAMPLE_EVERY_S)
+        _, err = process.communicate()
+        row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "wall_s": time.time() - launched}
+        if stopped_at is not None:
+            row.update(stopped=f"stopped at {stopped_at / 1e9:.1f} GB, over the limit of {limit_bytes / 1e9:g} GB",
+                       **progress(run))
+            return row
+        if not (run / "results.json").is_file():  # refused before it started, or died: the row says why
+            row.update(failed=f"ended with status {process.returncode} and no results: {err.strip()[-300:]}",
+                       **progress(run))
+            return row
+        results = json.loads((run / "results.json").read_text())
+    done = [n for n in results["nodes"] if n["rounds"]]
+    row.update(
+        startup_s=max(n["rounds"][0]["started_at"] for n in done) - launched,
+        round_s=max(statistics.fmean(r["wall_s"] for r in n["rounds"]) for n in done),
+        nodes_ok=sum(1 for n in results["nodes"] if n["status"] == "ok"),
+        mib_per_node=peak / nodes / 2**20,
+    )
+    return row
+
+
+def figure(rows: list[dict[str, Any]], limit_gb: float, path: Path) -> Path:
+    from p2pfl.report.style import plt, save_figure
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    finished = [r for r in rows if "stopped" not in r and "failed" not in r]
+    stopped = [r for r in rows if "stopped" in r]
+    for ax, key, label in zip(axes, ("peak_gb", "startup_s", "round_s"),
+                              ("peak memory, all processes (GB)", "start-up (s)", "s per round (slowest node)")):
+        ax.plot([r["nodes"] for r in finished], [r[key] for r in finished], marker="o", label="ran to the end")
+        if key == "peak_gb":
+            ax.axhline(limit_gb, color="#d62728", linestyle="--", linewidth=1, label=f"stopped above {limit_gb:g} GB")
+            if stopped:
+                ax.plot([r["nodes"] for r in stopped], [r[key] for r in stopped], "x", color="#d62728",
+                        markersize=10, label="stopped (over the limit)")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("nodes (shared placement, regular:4, CNN, FedAvg)")
+        ax.set_title(label, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    settings = sorted({o for r in rows for o in r.get("set", [])})
+    fig.suptitle(f"scenarios/scale.toml, 2 rounds, {' '.join(settings) or 'as written'}; one machine", fontsize=9)
+    return save_figure(fig, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="1000,3000,5000,10000")
+    parser.add_argument("--limit-gb", type=float, default=21.0, help="stop a run whose processes hold more")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--from", dest="source", type=Path, help="draw the figure from rows written before")
+    parser.add_argument("--figure", type=Path, help="a PNG of the three curves")
+    args = parser.parse_args()
+    if args.source is not None:
+        saved = json.loads(args.source.read_text())
+        rows, limit_gb = saved["rows"], saved["limit_gb"]
+    else:
+        rows, limit_gb = [], args.limit_gb
+        for n in (int(x) for x in args.nodes.split(",")):
+            rows.append({**measure(n, args.overrides, int(args.limit_gb * 1e9)), "set": args.overrides})
+            print(json.dumps(rows[-1]), flush=True)
+            if args.json is not None:  # after each size: a later one may take long, or be stopped
+                args.json.write_text(json.dumps({"limit_gb": limit_gb, "cores": os.cpu_count(), "rows": rows},
+                                                indent=1) + "\n")
+    print(f"{'nodes':>6}{'start-up s':>12}{'s / round':>11}{'peak GB':>9}{'MiB / node':>12}{'ok':>7}")
+    for r in rows:
+        if "stopped" in r or "failed" in r:
+            print(f"{r['nodes']:>6}  {r.get('stopped') or r['failed']}; {r['nodes_in_a_round']} nodes had recorded a "
+                  f"round, {r['rounds_recorded']} rounds in all")
+        else:
+            print(f"{r['nodes']:>6}{r['startup_s']:>12.1f}{r['round_s']:>11.1f}{r['peak_gb']:>9.2f}"
+                  f"{r['mib_per_node']:>12.2f}{r['nodes_ok']:>7}")
+    if args.figure is not None:
+        print(f"figure: {figure(rows, limit_gb, args.figure)}")
+
+
+if __name__ == "__main__":
+    main()
