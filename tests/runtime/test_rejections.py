@@ -170,7 +170,7 @@ def test_a_peer_that_dies_mid_answer_or_answers_garbage_costs_a_part_not_the_nod
     bytes into its body, aiohttp raised ClientPayloadError (no ClientConnectionError) and node-2's
     run failed with it. A cut answer is a connection lost (tried again until the timeout), an answer
     that is not HTTP is refused at once; the round goes on without that part, and so do pushes."""
-    node = lone_node(tmp_path, NodeKey.generate(), fetch_timeout_s=2.0)
+    node = lone_node(tmp_path, NodeKey.generate(), fetch_timeout_s=0.8)  # tries at 0, 0.25 and 0.75 s
     body = {k: v.clone() for k, v in part_state(node.model, "body").items()}
 
     async def scenario() -> tuple[list, bool, int]:
@@ -180,7 +180,7 @@ def test_a_peer_that_dies_mid_answer_or_answers_garbage_costs_a_part_not_the_nod
                 arrived = await asyncio.wait_for(node.exchange.gather([Fetch("node-1", "body")], 1, RoundChecks(1)), 20)
                 fetches = requests[0]
                 pushed = await asyncio.wait_for(node.transport.push(
-                    "node-1", kind="model", part="body", round_=1, version=1, tensors=body, meta={}, timeout=2.0), 20)
+                    "node-1", kind="model", part="body", round_=1, version=1, tensors=body, meta={}, timeout=0.8), 20)
         finally:
             await node.transport.close()
         return arrived, pushed, fetches
