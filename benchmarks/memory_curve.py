@@ -30,40 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scale import _descendants, _rss_bytes  # benchmarks/ is not a package: run from it, as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "scale.toml"
 SAMPLE_EVERY_S = 0.2
 STOP_GRACE_S = 10.0
-
-
-def descendants(root: int) -> list[int]:
-    """`root` and every process below it, from /proc."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = [root], [root]
-    while frontier:
-        pid = frontier.pop()
-        children = [p for p, parent in parents.items() if parent == pid]
-        found += children
-        frontier += children
-    return found
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def stop(pids: list[int]) -> None:
@@ -100,8 +72,8 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int) -> dict[str, Any
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         peak, stopped_at = 0, None
         while process.poll() is None:
-            pids = descendants(process.pid)
-            total = sum(rss_bytes(p) for p in pids)
+            pids = [process.pid, *_descendants(process.pid)]
+            total = sum(_rss_bytes(p) for p in pids)
             peak = max(peak, total)
             if total > limit_bytes:
                 stopped_at = total
