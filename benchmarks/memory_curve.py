@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scale import _descendants, _rss_bytes  # benchmarks/ is not a package: run from it, as a script
+from scale import (  # benchmarks/ is not a package: run from it, as a script
+    _descendants,
+    _rss_bytes,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "scale.toml"
