@@ -7,9 +7,9 @@ glibc keeps freed blocks for reuse, and after the first large block is freed it 
 of a model's size (hundreds of KB) from its heaps instead of fresh mappings. A worker whose
 nodes each copy, encode and receive several such blocks a round then holds the high-water
 mark of every round's garbage: at 1000 nodes, about 2 MiB a node that nothing uses
-(`python benchmarks/node_memory.py`). `malloc_trim` returns those pages every `p2pfl.assembly.HEAP_RELEASE_EVERY_S`; between
-two trims, freed blocks stay in the heap for the next ones (`keep_freed_blocks`) instead of being
-unmapped and mapped again page by page. Elsewhere than on glibc this does nothing.
+(`python benchmarks/node_memory.py`). `malloc_trim` returns those pages every
+`p2pfl.assembly.HEAP_RELEASE_EVERY_S`; between two trims, freed blocks stay in the heap for the
+next ones (`keep_freed_blocks`) instead of being unmapped and mapped again page by page. Elsewhere than on glibc this does nothing.
 
 The interpreter: at its default thresholds Python's cycle collector ran every 700 allocations
 and, every so often, walked every object of every node in the process (6 % of a 1000-node
