@@ -78,6 +78,18 @@ def handle(args: argparse.Namespace) -> int:
 
         overrides.append(audit_override(args.scenario, overrides, args.audit))
     warm_up_for(args.scenario, overrides)  # the node processes' parent imports while the fields are checked
+    try:
+        return _checked_and_run(args, overrides)
+    finally:
+        # A forking parent the run did not take (fields refused, a run that ended first) goes with
+        # the command: called in-process (`main(["run", ...])`), a later run took it, with the
+        # environment of the earlier call (a user strategy's PYTHONPATH missing: every node failed).
+        from p2pfl.hosting.warm import discard
+
+        discard()
+
+
+def _checked_and_run(args: argparse.Namespace, overrides: list[str]) -> int:
     fields_first(args.scenario, overrides)
     from p2pfl.scenario.launcher import all_of, run_scenario
 

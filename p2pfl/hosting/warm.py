@@ -4,7 +4,7 @@ launcher's own (two cores, one import each at once, instead of one after the oth
 
 `p2pfl run` calls `warm_up` first thing when the scenario forks (`commands/run.py`); the hosting
 `take`s the process when its nodes' configs are written and hands them over on its stdin. A run that ends before (a wrong field, an
-interrupted check) kills it on exit; it has done nothing but import.
+interrupted check) kills it when the command returns (`discard`); it has done nothing but import.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def warm_up(torch_threads: int) -> None:
     _WARM = subprocess.Popen([sys.executable, "-m", "p2pfl", FORKED, "--wait"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=node_env(torch_threads),
                              preexec_fn=tie_to_parent if sys.platform.startswith("linux") else None)
-    atexit.register(_discard)
+    atexit.register(discard)
 
 
 def take() -> subprocess.Popen[bytes] | None:
@@ -35,7 +35,8 @@ def take() -> subprocess.Popen[bytes] | None:
     return proc if proc is not None and proc.poll() is None else None
 
 
-def _discard() -> None:
+def discard() -> None:
+    """Kill the warm forking parent nobody took (it has done nothing but import)."""
     proc = take()
     if proc is not None:
         proc.kill()
@@ -45,4 +46,4 @@ def _discard() -> None:
                 stream.close()
 
 
-__all__ = ["take", "warm_up"]
+__all__ = ["discard", "take", "warm_up"]

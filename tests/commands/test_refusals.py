@@ -101,3 +101,19 @@ def test_files_are_never_writable_by_others_whatever_the_umask(tmp_path: Path) -
     assert written
     loose = [str(p) for p in written if os.stat(p).st_mode & (stat.S_IWGRP | stat.S_IWOTH)]
     assert not loose, loose[:5]
+
+
+@pytest.mark.slow
+def test_a_run_refused_by_its_fields_leaves_no_forking_parent_warm(tmp_path: Path, capsys) -> None:
+    """`p2pfl run` starts the nodes' forking parent while it checks the fields; refused, the command
+    kills it before it returns. Left warm, the next in-process run took it with this call's
+    environment (test_user_strategy's nodes could not import the user's module)."""
+    from p2pfl.hosting import forks
+    from p2pfl.hosting.warm import take
+
+    if not forks("auto"):
+        pytest.skip("this platform does not fork node processes")
+    scenario = write_tiny(tmp_path, algorithm="fedavgg")  # placement "process" by default
+    assert main(["run", str(scenario), "--out", str(tmp_path / "run")]) == 2
+    assert "did you mean 'fedavg'" in capsys.readouterr().err
+    assert take() is None
