@@ -30,6 +30,26 @@ from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import EXIT_PREFIX
 
 
+def _import_what_each_child_would() -> None:
+    """Import, once and before any fork, the modules a node imports lazily as it starts: else
+    every child imported them again (the quickstart's four nodes: 1.1 s of CPU each, 2.4 s of
+    its 10.3, `benchmarks/forked_imports.py`)."""
+    import networkx  # noqa: F401  (runtime.topology's graphs)
+    import numpy.ma  # noqa: F401  (np.load of a cached dataset)
+    import torch._dynamo  # noqa: F401  (torch's optimizers, at their first step: 0.8 s)
+    from aiohttp import web  # noqa: F401  (the HTTP carrier's server)
+
+    from p2pfl.algorithms import available
+    from p2pfl.runtime.transport import CARRIERS, transport_factory
+
+    available()  # every built-in algorithm's module
+    for name in CARRIERS:
+        transport_factory(name)
+
+
+_import_what_each_child_would()
+
+
 def _child(path: Path, run: Callable[[Path], int]) -> int:
     if sys.platform.startswith("linux"):  # killed with its parent, as a spawned node is with the launcher's kill
         tie_to_parent()
