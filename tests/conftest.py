@@ -22,6 +22,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
 
 
+_UNGROUPED = pytest.StashKey[set[str]]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` runs each `xdist_group` on one worker (one Ray cluster at a time: a
+    Ray test kills the actors it finds) by adding the group to each test's id. With pytest 9.2
+    and pytest-xdist 3.8 the id ignores it (pytest-dev/pytest-xdist#1386) and the group was spread
+    over every worker without a word; now each of its tests fails, saying so."""
+    config.stash[_UNGROUPED] = {item.nodeid for item in items if getattr(config.option, "loadgroup", False)
+                                and item.get_closest_marker("xdist_group") and "@" not in item.nodeid}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.nodeid in item.config.stash.get(_UNGROUPED, set()):
+        pytest.fail("--dist loadgroup did not keep this test's xdist_group on one worker: this pytest and "
+                    "pytest-xdist ignore the group (pytest-dev/pytest-xdist#1386; pyproject.toml pins pytest < 9.2)",
+                    pytrace=False)
+
+
 # What a test starts that makes it slow: Python (a node, a worker, a command), Ray, a browser.
 # Tools a library runs once a process, whichever test comes first (git for a run's version,
 # ldconfig for ctypes), are not counted: they would make the check depend on the order.
