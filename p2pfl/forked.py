@@ -32,8 +32,8 @@ from p2pfl.runtime.status import EXIT_PREFIX
 
 def _import_what_each_child_would() -> None:
     """Import, once and before any fork, the modules a node imports lazily as it starts: else
-    every child imported them again (the quickstart's four nodes: 1.1 s of CPU each, 2.4 s of
-    its 10.3, `benchmarks/forked_imports.py`)."""
+    every child imported them again, 1.1 s of CPU each (the quickstart's CPU, all processes:
+    10.2 s before, 7.4 s after; `python benchmarks/quickstart_startup.py`)."""
     import networkx  # noqa: F401  (runtime.topology's graphs)
     import numpy.ma  # noqa: F401  (np.load of a cached dataset)
     import torch._dynamo  # noqa: F401  (torch's optimizers, at their first step: 0.8 s)
