@@ -67,16 +67,17 @@ _PER_NODE: dict[str, tuple[Path, dict]] = {}
 
 def _process_per_node(factory: pytest.TempPathFactory, algorithm: str) -> tuple[Path, dict]:
     """The run every other placement is compared with (one process per node, forked where the
-    platform forks), made once per test process: the tests that compare with it share an xdist
-    group, so one worker makes it once for all of them."""
+    platform forks), made once per test process: the tests that compare with it are in two xdist
+    groups ("placement", "ray"), so each group's worker makes it once for all of its tests."""
     if algorithm not in _PER_NODE:
         _PER_NODE[algorithm] = _run(factory.mktemp(f"per-node-{algorithm}"), algorithm, "process")
     return _PER_NODE[algorithm]
 
 
-# The "ray" group: one Ray cluster at a time (the actor test kills actors it finds in /proc), and
-# the placement comparisons beside them share one process-per-node run (`_process_per_node`).
-@pytest.mark.xdist_group("ray")
+# The "placement" group shares one process-per-node run per algorithm (`_process_per_node`); the
+# "ray" group, the tests on this module's Ray cluster, shares the cluster as well. Two groups, not
+# one: on one worker, the eight took 400 s of a 500 s suite beside two busy workers.
+@pytest.mark.xdist_group("placement")
 @pytest.mark.parametrize("algorithm", ["local", "fedavg"])
 def test_shared_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str,
                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -86,7 +87,7 @@ def test_shared_placement_gives_the_same_run_as_one_process_per_node(tmp_path: P
     assert json.loads((out_s / "scenario.json").read_text())["runtime"]["placement"] == "shared"
 
 
-@pytest.mark.xdist_group("ray")
+@pytest.mark.xdist_group("placement")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform cannot fork")
 def test_forked_node_processes_give_the_same_run_as_spawned_ones(tmp_path: Path,
                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -24,7 +24,9 @@ from p2pfl.testbed import NetnsHosts, available
 from ..runtime.helpers import write_tiny
 
 CAN, WHY = available()
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"),
+# No xdist group: its Ray cluster is its own (two namespaces, its own temp dir) and what it kills
+# is what runs in its worker host's namespace, so it may run beside test_placements' cluster.
+pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not CAN, reason=f"cross-host tests: {WHY}"),
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs Ray: pip install -e '.[ray]'")]
 RAY = str(Path(sys.executable).with_name("ray"))
