@@ -27,10 +27,10 @@ _UNGROUPED = pytest.StashKey[set[str]]()
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`--dist loadgroup` runs each `xdist_group` on one worker (one Ray cluster at a time: a
-    Ray test kills the actors it finds) by adding the group to each test's id. With pytest 9.2
-    and pytest-xdist 3.8 the id ignores it (pytest-dev/pytest-xdist#1386) and the group was spread
-    over every worker without a word; now each of its tests fails, saying so."""
+    """`--dist loadgroup` runs each `xdist_group` on one worker (the placement comparisons share
+    one run there) by adding the group to each test's id. With pytest 9.2 and pytest-xdist 3.8 the
+    id ignores it (pytest-dev/pytest-xdist#1386) and a group was spread over every worker without
+    a word; now each of its tests fails, saying so."""
     config.stash[_UNGROUPED] = {item.nodeid for item in items if getattr(config.option, "loadgroup", False)
                                 and item.get_closest_marker("xdist_group") and "@" not in item.nodeid}
 

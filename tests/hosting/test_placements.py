@@ -67,16 +67,17 @@ _PER_NODE: dict[str, tuple[Path, dict]] = {}
 
 def _process_per_node(factory: pytest.TempPathFactory, algorithm: str) -> tuple[Path, dict]:
     """The run every other placement is compared with (one process per node, forked where the
-    platform forks), made once per test process: the tests that compare with it are in two xdist
-    groups ("placement", "ray"), so each group's worker makes it once for all of its tests."""
+    platform forks), made once per test process: the placement comparisons share an xdist group,
+    so one worker makes it once for all of them (and again on a worker that runs a Ray test)."""
     if algorithm not in _PER_NODE:
         _PER_NODE[algorithm] = _run(factory.mktemp(f"per-node-{algorithm}"), algorithm, "process")
     return _PER_NODE[algorithm]
 
 
-# The "placement" group shares one process-per-node run per algorithm (`_process_per_node`); the
-# "ray" group, the tests on this module's Ray cluster, shares the cluster as well. Two groups, not
-# one: on one worker, the eight took 400 s of a 500 s suite beside two busy workers.
+# The "placement" group shares one process-per-node run per algorithm (`_process_per_node`). The
+# Ray tests are in no group: each worker that runs one makes its own cluster (`ray_cluster`), and
+# the actor test kills only the actors under its own worker's cluster (`_HOLDERS`). As one group on
+# one worker, beside two busy workers, they took 270-400 s of a 503 s suite (12-70 s alone).
 @pytest.mark.xdist_group("placement")
 @pytest.mark.parametrize("algorithm", ["local", "fedavg"])
 def test_shared_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str,
@@ -171,7 +172,6 @@ def ray_cluster() -> Iterator[str]:
             os.environ["RAY_AUTH_MODE"] = auth
 
 
-@pytest.mark.xdist_group("ray")
 @pytest.mark.parametrize("algorithm", ["local", "fedavg"])
 def test_ray_placement_gives_the_same_run_as_one_process_per_node(tmp_path: Path, algorithm: str, ray_cluster: str,
                                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -211,7 +211,6 @@ def _ray_actor_pids() -> list[int]:
     return pids
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time: the actor test kills actors it finds in /proc
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the actors through /proc")
 @pytest.mark.timeout(600)  # two lives on Ray, each joining the cluster and placing its actors
 def test_a_ray_run_whose_actors_die_resumes_on_new_actors_with_no_round_lost(tmp_path: Path,
@@ -277,7 +276,6 @@ def test_a_ray_resume_of_a_folder_without_a_run_is_refused_before_joining_a_clus
                      progress=False, quiet=True, resume=True)
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time: the actor test kills actors it finds in /proc
 def test_ray_runs_an_algorithm_with_a_coordinator(tmp_path: Path, ray_cluster: str) -> None:
     out, results = _run(tmp_path, "di", "ray", f'runtime.ray_address="{ray_cluster}"')
     assert results["coordinator"] is not None and results["summary"]["nodes_ok"] == 4

@@ -25,7 +25,7 @@ from ..runtime.helpers import write_tiny
 
 CAN, WHY = available()
 # No xdist group: its Ray cluster is its own (two namespaces, its own temp dir) and what it kills
-# is what runs in its worker host's namespace, so it may run beside test_placements' cluster.
+# is what runs in its worker host's namespace, so it may run beside test_placements' clusters.
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not CAN, reason=f"cross-host tests: {WHY}"),
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs Ray: pip install -e '.[ray]'")]
