@@ -18,7 +18,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker more than the cores. A quarter of a worker's time went to waiting
     (timeouts, Ray's and the browser's start, a host that is down) while its test used no CPU,
-    which a third worker fills. On 2 cores the suite measured 426-507 s with three workers (nine
+    which a third worker fills. On 2 cores the suite measured 426-509 s with three workers (nine
     runs) and 480 and 500 s with two: the spread between runs is larger than the difference."""
     return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
 
