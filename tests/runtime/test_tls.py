@@ -155,12 +155,24 @@ def test_connections_are_released_on_close_error_and_timeout_without_a_collectio
 
     endpoint.handshaking = PeakCounted()
 
-    async def drained(name: str, seconds: float = 10.0) -> None:
+    def waiting_to_be_accepted() -> int:
+        """Connections the kernel finished and the node has not accepted yet (the listening
+        socket's rx_queue in /proc/net/tcp): empty sets with these still queued are not drained;
+        each takes a place under the cap as it is accepted, and on a busy machine a read that
+        came then found the cap full (connection reset)."""
+        table = Path("/proc/net/tcp")
+        for line in table.read_text().splitlines()[1:] if table.exists() else []:  # Linux; elsewhere the sets only
+            fields = line.split()
+            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+                return int(fields[4].split(":")[1], 16)
+        return 0
+
+    async def drained(name: str, seconds: float = 60.0) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while (endpoint.handshaking or endpoint.connections) and loop.time() < deadline:
+        while (endpoint.handshaking or endpoint.connections or waiting_to_be_accepted()) and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        seen[name] = (len(endpoint.handshaking), len(endpoint.connections))
+        seen[name] = (len(endpoint.handshaking), len(endpoint.connections), waiting_to_be_accepted())
 
     def storm(how: str, count: int) -> None:
         for _ in range(count):
@@ -182,6 +194,7 @@ def test_connections_are_released_on_close_error_and_timeout_without_a_collectio
             await drained("silent, past the handshake timeout")
             for sock in silent:
                 sock.close()
+            await drained("silent, closed")
             async with aiohttp.ClientSession() as session:
                 for _ in range(5):
                     async with session.get(f"https://127.0.0.1:{port}/v1/status", ssl=False) as r:
@@ -200,6 +213,6 @@ def test_connections_are_released_on_close_error_and_timeout_without_a_collectio
     assert PeakCounted.peak <= 64
     refused = [c for c in endpoint.rejections.summary()["counts"] if c["reason"] == "too_many_connections"]
     assert sum(c["count"] for c in refused) > 0
-    for name in ("close", "reset", "garbage", "silent, past the handshake timeout", "after the reads"):
-        assert seen[name] == (0, 0), (name, seen[name])
+    for name in ("close", "reset", "garbage", "silent, past the handshake timeout", "silent, closed", "after the reads"):
+        assert seen[name] == (0, 0, 0), (name, seen[name])
     assert seen["reads"] == [200] * 5
