@@ -110,6 +110,19 @@ class FlatCopy(dict[str, torch.Tensor]):
         for k, t in state.items():
             self[k] = views[k] if k in views else t.detach().clone()
 
+    @classmethod
+    def over(cls, flat: torch.Tensor, shapes: Mapping[str, torch.Size], rest: Mapping[str, torch.Tensor],
+             order: Sequence[str]) -> FlatCopy:
+        """A FlatCopy whose floating tensors (`shapes`, in the buffer's order) are views of `flat`
+        itself, the others `rest`'s, listed in `order`: one read back from disk, with no copy."""
+        copy = cls.__new__(cls)
+        dict.__init__(copy)
+        copy.flat, copy.flat_keys = flat, tuple(shapes)
+        pieces = dict(zip(shapes, flat.split([s.numel() for s in shapes.values()])))
+        for k in order:
+            copy[k] = pieces[k].view(shapes[k]) if k in pieces else rest[k]
+        return copy
+
     def origin(self, keys: Sequence[str]) -> torch.Tensor | None:
         """The flat buffer, when `keys` are exactly its tensors in its order; else None."""
         return self.flat if self.flat is not None and tuple(keys) == self.flat_keys else None

@@ -7,6 +7,7 @@
     RUN/nodes/<id>.rounds.jsonl     each round's record as soon as the round ends
     RUN/checkpoints/<id>.p2pfl      signed checkpoints (--resume)
     RUN/checkpoints/.<id>.p2pfl.swap   the previous checkpoint; the next is written over it, then swapped in
+    RUN/checkpoints/.<id>.round-start  runtime.round_start = "disk": the round's start model, during its gather
     RUN/artefacts/<id>.jsonl        strategies' larger per-round outputs (`ArtefactSink.save`)
     RUN/logs/<process>.log          one log per process
     RUN/results.json                the launcher's summary of all of it
@@ -111,6 +112,10 @@ class RunFolder:
 
     def checkpoint(self, node_id: str) -> Path:
         return self.root / "checkpoints" / f"{node_id}.p2pfl"
+
+    def round_start(self, node_id: str) -> Path:
+        """Where a node's round start waits for its gather (runtime.round_start = "disk")."""
+        return self.root / "checkpoints" / f".{node_id}.round-start"
 
     def received(self, node_id: str) -> Path:
         """The parts a node read from its peers, kept for an audit (`runtime.audit`)."""

@@ -26,6 +26,7 @@ DEPLOYED_DEFENCES = {"update_bound": 1.0, "max_weight_ratio": 4.0}
 DEFAULT_UPDATE_REFUSE = 100.0
 WIRE_PRECISIONS = ("float32", "float16", "int8")  # runtime.wire_precision (p2pfl.runtime.precision)
 SPARSE_KINDS = ("topk", "randomk")  # runtime.wire_sparsity (p2pfl.runtime.sparse_wire); p2pfl.core.sparse's
+ROUND_STARTS = ("memory", "disk")  # runtime.round_start (p2pfl.runtime.node.round_start)
 SAFEGUARD_KINDS = ("mix", "local")  # algorithm.safeguard (p2pfl.runtime.safeguard); torch-free, for the schema
 
 
@@ -50,6 +51,7 @@ class NodeSettings:
     error_feedback: bool = True     # what a sparse part leaves out is sent in later rounds
     audit: str = ""                 # the node that keeps the parts it reads (runtime.audit; p2pfl.runtime.node.kept)
     checkpoint_every: int = 1       # rounds taken part in between checkpoints (round 0 and the end always; the end holds the last round)
+    round_start: str = "memory"     # where the round start waits for the gather: "memory" | "disk"
     # The resolved scenario (`Scenario.to_dict()`): a checkpoint is bound to its digest.
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # The same scenario as an older format wrote it (its run folder's scenario.json), whose

@@ -55,6 +55,15 @@ class PhaseClock:
         return {f"{p}_s": s for p, s in self.seconds.items()}
 
 
+def device_synchronizer(device: Any) -> Callable[[], None] | None:
+    """Waits for the GPU's queued work, so that a phase's time includes the kernels it launched."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    return lambda: torch.cuda.synchronize(device)
+
+
 def compute_fraction(rounds: Iterable[Mapping[str, Any]]) -> float | None:
     """(train + evaluate + aggregate) / wall over `rounds` that carry a `time` record."""
     compute = wall = 0.0

@@ -30,7 +30,7 @@ from p2pfl.plugins import admit, is_reference, resolve
 from p2pfl.runtime.churn import ChurnSpec
 from p2pfl.runtime.config import node_ids
 from p2pfl.runtime.settings import (Sparsity, DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DEFAULT_UPDATE_BOUND,
-                                    DEFAULT_UPDATE_REFUSE, SAFEGUARD_KINDS, WIRE_PRECISIONS)
+                                    DEFAULT_UPDATE_REFUSE, ROUND_STARTS, SAFEGUARD_KINDS, WIRE_PRECISIONS)
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import CARRIERS
 from p2pfl.scenario.migrations import FORMAT, format_of, unrecorded, upgrade
@@ -195,6 +195,11 @@ class RuntimeSpec:
     # before its first round and at its end): a resume goes on from the last one, running the
     # rounds after it again. At 1000 nodes a checkpoint a round is a share of the round's CPU.
     checkpoint_every: int = setting(1, feeds=("node",), absent=1)
+    # Where a node keeps the model at its round's start while it waits for its peers' parts: "disk"
+    # writes it beside the node's checkpoint after training and reads it back for each part and for
+    # the aggregation (a model on the host only; the same results). Thousands of nodes sharing a
+    # process each held a model's size more while they waited (p2pfl.runtime.node.round_start).
+    round_start: str = setting("memory", feeds=("node",), absent="memory")
     # A node that keeps every part it reads (`RunFolder.received`), and that `p2pfl audit` attacks
     # them from after the run, as an honest-but-curious peer would ("": none; `p2pfl run --audit`).
     audit: str = setting("", feeds=("node",), absent="")
@@ -248,6 +253,9 @@ class RuntimeSpec:
         if self.checkpoint_every < 1:
             raise ConfigError("runtime.checkpoint_every", f"must be >= 1 (1: a checkpoint every round), "
                                                           f"got {self.checkpoint_every}")
+        if self.round_start not in ROUND_STARTS:
+            raise ConfigError("runtime.round_start", f"unknown place {self.round_start!r}; choose one of "
+                                                     f"{', '.join(ROUND_STARTS)}")
         if self.wire_precision not in WIRE_PRECISIONS:
             raise ConfigError("runtime.wire_precision",
                               f"unknown precision {self.wire_precision!r}; choose one of {', '.join(WIRE_PRECISIONS)}")

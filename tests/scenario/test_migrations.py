@@ -49,6 +49,7 @@ def test_the_stored_file_loads_as_a_run_folder_would(tmp_path: Path) -> None:
     ("update_bound", 0.0),  # made before the bound existed: it bounded nothing
     ("max_norm_ratio", 1000.0), ("buffered_mb", 256.0), ("transport", "http"), ("checkpoint_every", 1),
     ("start_method", "auto"), ("wire_sparsity", "none"), ("error_feedback", True), ("audit", ""),
+    ("round_start", "memory"),
 ])
 def test_each_runtime_field_absent_from_format_1_means_what_it_did(absent: str, meant: Any) -> None:
     stored = _format_1()

@@ -6,7 +6,7 @@ pushes) and a verified message turned into a `PeerModel`, its claims bounded on 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from p2pfl.models import PARTS, SplitModel, part_spec, part_state
 from p2pfl.runtime.devices import to_device
 from p2pfl.runtime.metadata import MODEL_META, Schema
 from p2pfl.runtime.node.neighbours import Neighbours
+from p2pfl.runtime.node.round_start import loaded
 from p2pfl.runtime.peer_claims import (ClaimRefused, Flattened, bound_update, capped_size, check_magnitude,
                                       check_variances, flattened, own_norms, update_norm)
 from p2pfl.runtime.precision import dequantize, wire_spec
@@ -36,7 +37,7 @@ class RoundChecks:
     """One gather's arrivals: what it waits for, and what it refused or pulled back, and why."""
 
     round: int
-    round_start: dict[str, torch.Tensor] = field(default_factory=dict)  # the bound's anchor (empty: unbounded)
+    round_start: Mapping[str, torch.Tensor] = field(default_factory=dict)  # the bound's anchor (empty: unbounded)
     # (peer, part) -> the push that may answer this gather's fetch of it, while the gather waits.
     awaiting: dict[tuple[str, str], asyncio.Future[PeerModel | None]] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)          # peer -> why its part was refused
@@ -157,20 +158,21 @@ class Intake:
                 tensors = {k: v.to(getattr(torch, self.specs[part][k][1])) for k, v in tensors.items()}
             meta.pop(BASE_META, None)
             bounded = h.sender != COORDINATOR_ID and bool(checks.round_start) and settings.update_bound > 0
+            # Read once for this part; nothing below keeps a view of it (round_start.py's scratch).
+            start = loaded(checks.round_start, scratch=True) if bounded else None
             if part not in checks.own_norms:  # once per part and round: the own model is still while parts arrive
-                checks.own_norms[part], update = own_norms(part_state(self.model, part),
-                                                             checks.round_start if bounded else None)
+                checks.own_norms[part], update = own_norms(part_state(self.model, part), start)
                 if update is not None:
                     checks.own_updates[part] = update
             flat = flattened(tensors) if bounded else None  # one float64 copy of the part for both bounds
             check_magnitude(h.sender, part, tensors, checks.own_norms[part], settings.max_norm_ratio, flat)
             check_variances(h.sender, part, tensors)
             if bounded and self.buffer_keys[part]:
-                within = self.bounded_buffers(h.sender, part, tensors, checks)
+                within = self.bounded_buffers(h.sender, part, tensors, checks, start)
                 if within is not tensors:  # the weights' bound below is of the part with its buffers pulled back
                     tensors, flat = within, flattened(within)
             if bounded:
-                tensors = self.bounded(h.sender, part, tensors, checks, flat)
+                tensors = self.bounded(h.sender, part, tensors, checks, flat, start)
             if h.sender != COORDINATOR_ID:
                 self.neighbours.hear(*self.read_news(meta.pop("members", None)), checks.round)
             if h.sender != COORDINATOR_ID and "n_train" in meta:
@@ -178,12 +180,12 @@ class Intake:
                 meta["n_train"] = capped_size(meta["n_train"], self.n_train, settings.max_weight_ratio)
         return PeerModel(h.sender, part, h.round, h.version, to_device(tensors, self.device), meta)
 
-    def bounded_buffers(self, sender: str, part: str, tensors: dict[str, torch.Tensor],
-                        checks: RoundChecks) -> dict[str, torch.Tensor]:
+    def bounded_buffers(self, sender: str, part: str, tensors: dict[str, torch.Tensor], checks: RoundChecks,
+                        round_start: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The part with its floating buffers within `update_bound` times this node's own
         buffers' move this round; pulled back, the sender is named as for the weights."""
         keys = self.buffer_keys[part]
-        start = {k: v for k, v in checks.round_start.items() if k in keys}
+        start = {k: v for k, v in (round_start or loaded(checks.round_start)).items() if k in keys}
         if part not in checks.own_buffer_updates:
             own = {k: v for k, v in part_state(self.model, part).items() if k in keys}
             checks.own_buffer_updates[part] = update_norm(own, start)
@@ -198,14 +200,15 @@ class Intake:
         return {**tensors, **pulled}
 
     def bounded(self, sender: str, part: str, tensors: dict[str, torch.Tensor], checks: RoundChecks,
-                flat: Flattened | None = None) -> dict[str, torch.Tensor]:
+                flat: Flattened | None = None, round_start: Mapping[str, torch.Tensor] | None = None
+                ) -> dict[str, torch.Tensor]:
         """`tensors` within `update_bound` times this node's own update of `part` this round
         (`p2pfl.runtime.peer_claims.bound_update`, which uses up `flat`); a part pulled back names
         its sender in the round."""
         settings = self.settings
         if not settings.update_bound > 0:
             return tensors
-        start = checks.round_start  # the bound pairs each tensor of the part with its start
+        start = round_start or loaded(checks.round_start)  # the bound pairs each tensor of the part with its start
         if part not in checks.own_updates:
             checks.own_updates[part] = update_norm(part_state(self.model, part), start)
         clipped = bound_update(tensors, start, checks.own_updates[part], settings.update_bound, flat)

@@ -92,7 +92,7 @@ class Node:
         self.membership = Membership(parts.transport, self.exchange, self.neighbours, self.state, settings, self.log)
         self.exchange.kept = kept = KeptParts(folder.received(config.id)) if settings.audit == config.id else None
         self.kit = RoundKit(parts, settings, self.ctx, self.exchange, self.neighbours, self.scorer, self.ctx.artefacts, self.log,
-                            kept)
+                            kept, folder.round_start(config.id) if settings.round_start == "disk" else None)
         self.peers = PeerDirectory(parts.transport, self.neighbours, self.exchange, lambda: self.ctx.round, settings.rounds)
 
     # The parts a host, a test or a benchmark reaches for by name.
@@ -226,6 +226,8 @@ class Node:
         async with contextlib.AsyncExitStack() as opened:
             await transport.start(cfg.host, cfg.port)
             opened.push_async_callback(transport.close)
+            if self.kit.round_start_file is not None:  # runtime.round_start = "disk" (round_start.py)
+                opened.callback(self.kit.round_start_file.unlink, missing_ok=True)
             started = time.perf_counter()
             status, error, goodbye, resume_failed = "ok", None, "", False
             first, silent = 1, set[str]()  # the first round to run; the awaited peers not up when it started

@@ -12,8 +12,9 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
 from p2pfl.runtime.node.records import RoundRecord, epsilon_for_json
+from p2pfl.runtime.node.round_start import SpilledStart
 from p2pfl.runtime.node.scoring import Scored, Scorer, Scores
 from p2pfl.runtime.peer_claims import FlatCopy
 from p2pfl.runtime.precision import quantize
@@ -35,7 +37,7 @@ from p2pfl.runtime.safeguard import Safeguard
 from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.statements import sign_statement
 from p2pfl.runtime.strategy import PeerModel, RoundContext, Strategy, overrides
-from p2pfl.runtime.timing import PhaseClock
+from p2pfl.runtime.timing import PhaseClock, device_synchronizer
 from p2pfl.training.config import TrainConfig
 from p2pfl.training.trainer import FitResult
 
@@ -53,6 +55,7 @@ class RoundKit:
     artefacts: ArtefactSink
     log: logging.Logger
     kept: KeptParts | None = None  # runtime.audit: this node keeps what it reads
+    round_start_file: Path | None = None  # runtime.round_start = "disk": where the round start waits (round_start.py)
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Round:
         kit.exchange.intake.current = self.checks
         kit.parts.counter.begin_round(self.r)
         kit.artefacts.begin_round(self.r)
-        self.clock = PhaseClock(phase, sync=_synchronizer(kit.parts.device))
+        self.clock = PhaseClock(phase, sync=device_synchronizer(kit.parts.device))
         return time.time()
 
     def _forged(self, member: str, event: int) -> str:
@@ -98,7 +101,6 @@ class Round:
         assert clock is not None
         # Watched neighbours are probed while this node trains (most rounds have none to probe).
         probes = asyncio.ensure_future(exchange.probe_watched(r)) if kit.neighbours.watched else None
-        ctx.round_start = checks.round_start = FlatCopy(parts.model.state_dict())
         fit, trained = await asyncio.to_thread(self.train_and_score)
         if parts.script.slowdown > 1:  # a slower machine, on this one: the training's time, stretched
             clock.switch("train")
@@ -112,7 +114,7 @@ class Round:
             meta = lie(meta, sorted(kit.neighbours.members), ctx.node_id, self._forged, r)
         # A host model's own tensors are published, not a copy of them, until it takes fresh
         # storage back after the gather: while it waits for its peers it holds one copy of its model.
-        lent = bool(strategy.shared_parts) and parts.attack is None and parts.device.type == "cpu"
+        lent = self.lends()
         try:
             if strategy.shared_parts:
                 shared = {p: (lend if lent else host_snapshot)(part_state(parts.model, p)) for p in strategy.shared_parts}
@@ -168,10 +170,17 @@ class Round:
     # A round's steps between two exchanges run in one worker thread each: nodes sharing a worker
     # keep serving meanwhile, and each hand-over to the pool (a thread woken, a future, a callback
     # on the loop) is paid once, not for every step.
+    def lends(self) -> bool:
+        """Whether the node publishes its model's own tensors (`p2pfl.runtime.devices.lend`)."""
+        parts = self.kit.parts
+        return bool(parts.strategy.shared_parts) and parts.attack is None and parts.device.type == "cpu"
+
     def train_and_score(self) -> tuple[FitResult, Scored]:
         """The round's training, the privacy step on what it publishes, and that model's scores."""
         parts, clock, ctx = self.kit.parts, self.clock, self.kit.ctx
         assert clock is not None
+        # Taken here, in the pool's thread: a node queued for a thread holds no copy meanwhile.
+        ctx.round_start = self.checks.round_start = start = FlatCopy(parts.model.state_dict())
         base = parts.trainer.config
         if overrides(parts.strategy, Strategy, "fit_config"):
             self.fit_config = dict(parts.strategy.fit_config(ctx))
@@ -187,13 +196,19 @@ class Round:
             clock.switch("train")
             parts.safeguard.after_train(parts.data.train)
         clock.switch("evaluate")
-        return fit, self.kit.scorer.scored()
+        scored = self.kit.scorer.scored()
+        if self.kit.round_start_file is not None and self.lends() and start.flat is not None:
+            ctx.round_start = self.checks.round_start = SpilledStart(start, self.kit.round_start_file)
+        return fit, scored
 
     def aggregate_and_score(self, arrived: list[PeerModel], trained: Scores) -> Aggregated:
         """Aggregation, its checks (non-finite values, the safeguard) and the aggregate's scores."""
         parts, clock = self.kit.parts, self.clock
         assert clock is not None
         model = parts.model
+        spilled = self.checks.round_start
+        if isinstance(spilled, SpilledStart):  # back in memory for the strategy's aggregation
+            self.kit.ctx.round_start = self.checks.round_start = spilled.load()
         before = FlatCopy(model.state_dict())  # one buffer, not a tensor each
         parts.strategy.aggregate(self.kit.ctx, arrived)
         if self.kit.kept is not None:
@@ -268,13 +283,6 @@ class Round:
             time=time_record, epsilon=self._epsilon(), neighbours=kit.neighbours.changes(), safeguard=safeguard,
             test_acc_by_split=scored.scores.test_acc_by_split, test_acc_aggregated_by_split=scored.scores.test_acc_by_split,
         )
-
-
-def _synchronizer(device: torch.device) -> Callable[[], None] | None:
-    """Waits for the GPU's queued work, so that a phase's time includes the kernels it launched."""
-    if device.type != "cuda":
-        return None
-    return lambda: torch.cuda.synchronize(device)
 
 
 def round_config(base: TrainConfig, settings: Mapping[str, Any], *, private: bool) -> TrainConfig:
