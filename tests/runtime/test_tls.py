@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -195,6 +196,9 @@ def test_connections_are_released_on_close_error_and_timeout_without_a_collectio
             for sock in silent:
                 sock.close()
             await drained("silent, closed")
+            # The reads below check that the cap gave its places back, not how fast a handshake is:
+            # under a loaded suite one read's handshake outlasted the 1 s the storms were given.
+            endpoint.server_limits = dataclasses.replace(endpoint.server_limits, handshake_timeout_s=30.0)
             async with aiohttp.ClientSession() as session:
                 for _ in range(5):
                     async with session.get(f"https://127.0.0.1:{port}/v1/status", ssl=False) as r:
