@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import torch
 
 from p2pfl.assembly import assemble_node
@@ -122,6 +123,51 @@ def test_a_version_every_reader_has_read_past_is_dropped_and_one_a_reader_may_st
         return seen
 
     assert asyncio.run(scenario_()) == [[1, 2, 3], [2, 3], [2], [3]]
+
+
+def test_a_version_answered_in_full_to_every_reader_goes_before_they_ask_for_the_next() -> None:
+    """Issue 66: at 10,000 nodes each node's round-1 version waited for its slowest neighbour's
+    ask of round 2. A reader whose read was answered asks for that round no more."""
+    from p2pfl.runtime.transport.stores import PartStore, Published
+    from p2pfl.wire.body import encode_body
+
+    async def scenario_() -> list[list[int]]:
+        store = PartStore()
+        store.readers = frozenset({"a", "b"})
+        seen = []
+        for version in (1, 2):
+            await store.publish(Published(version, version, {"full": encode_body({"w": torch.ones(4)})}, {}))
+        store.note_read("a", 1)
+        store.note_answered("a", 1)
+        store.note_read("b", 1)  # asked, not answered yet (still waiting, or the answer broke off)
+        seen.append([p.version for p in store.recent])
+        store.note_answered("b", 1)
+        seen.append([p.version for p in store.recent])  # nobody will ask for round 1 again
+        store.note_read("b", 1)  # an ask of an older round never lowers what was noted
+        seen.append([p.version for p in store.recent])
+        return seen
+
+    assert asyncio.run(scenario_()) == [[1, 2], [2], [2]]
+
+
+@pytest.mark.parametrize("carrier", ["http", "loopback"])
+def test_each_read_a_carrier_sends_in_full_is_noted_as_answered(tmp_path: Path, carrier: str) -> None:
+    """Both carriers tell the store of every read they sent whole: two readers a node, two rounds."""
+    from .helpers import build_in_process, run_in_process, write_tiny
+
+    path = write_tiny(tmp_path, nodes=3, rounds=2, samples=40)
+    nodes, _ = build_in_process(path, tmp_path / "run", overrides=(
+        'runtime.placement="shared"', "runtime.workers=1", f'runtime.transport="{carrier}"'))
+    answered: dict[str, list[tuple[str, int]]] = {n.config.id: [] for n in nodes}
+    for node in nodes:
+        store, note = node.transport.store, node.transport.store.note_answered
+        store.note_answered = lambda reader, version, note=note, seen=answered[node.config.id]: (  # type: ignore[method-assign]
+            seen.append((reader, version)), note(reader, version))[1]
+    results, _, _ = run_in_process(nodes, None)
+    assert all(r["status"] == "ok" for r in results)
+    for node_id, seen in answered.items():
+        readers = sorted({f"node-{i}" for i in range(3)} - {node_id})
+        assert sorted(seen) == sorted((reader, r) for reader in readers for r in (1, 2)), (node_id, seen)
 
 
 def test_without_declared_readers_nothing_is_dropped_early() -> None:

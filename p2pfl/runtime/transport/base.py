@@ -184,6 +184,13 @@ class Carrier(PeerPresence, Departures):
             version=published.version, seq=self.next_seq(), part=part, meta=published.meta, body=body,
         )
 
+    def answered(self, requester: str, part: str, min_version: int, frame: Frame) -> None:
+        """A read's frame went out in full: counted, and (a round's part) its version need not
+        wait for this reader to ask again (`PartStore.note_answered`)."""
+        self.counter.sent(part, frame.nbytes, frame.param_bytes)
+        if not part.startswith(SETUP_PREFIX):
+            self.store.note_answered(requester, min_version)
+
     def accepted(self, header: Header) -> ExpectedSpec:
         """The tensors a pushed message with this authenticated head must carry. Before any body
         byte is read, refuses (a `WireError`) a kind or part this node does not take, meta off its

@@ -83,7 +83,7 @@ class InMemory(Carrier):
         finally:
             self._reads_by_peer[requester] -= 1
         data = b"".join(frame.chunks)  # one copy: the chunks are buffers of the published body
-        self.counter.sent(part, frame.nbytes, frame.param_bytes)
+        self.answered(requester, part, min_version, frame)
         return data
 
     def receive(self, frame: bytes) -> tuple[int, str]:

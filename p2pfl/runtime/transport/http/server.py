@@ -123,7 +123,7 @@ class HttpServer:
                     request.transport.abort()
                     release_soon()  # its unsent copy is freed now; the heap gives the pages back
                 raise ConnectionResetError("reader too slow") from None
-            self.counter.sent(part, frame.nbytes, frame.param_bytes)  # counted once it has gone
+            self.answered(requester, part, min_version, frame)  # counted once it has gone
             return response
         finally:
             self._reads_by_peer[requester] -= 1
