@@ -138,16 +138,25 @@ def test_a_version_answered_in_full_to_every_reader_goes_before_they_ask_for_the
         for version in (1, 2):
             await store.publish(Published(version, version, {"full": encode_body({"w": torch.ones(4)})}, {}))
         store.note_read("a", 1)
-        store.note_answered("a", 1)
+        store.note_answered("a", 1, "full")
         store.note_read("b", 1)  # asked, not answered yet (still waiting, or the answer broke off)
         seen.append([p.version for p in store.recent])
-        store.note_answered("b", 1)
+        store.note_answered("b", 1, "full")
         seen.append([p.version for p in store.recent])  # nobody will ask for round 1 again
         store.note_read("b", 1)  # an ask of an older round never lowers what was noted
         seen.append([p.version for p in store.recent])
+        # A version of two parts: a reader answered one of them may still read the other.
+        two = PartStore()
+        two.readers = frozenset({"a"})
+        for version in (1, 2):
+            body = encode_body({"w": torch.ones(4)})
+            await two.publish(Published(version, version, {"body": body, "head": body}, {}))
+        two.note_read("a", 1)
+        two.note_answered("a", 1, "body")
+        seen.append([p.version for p in two.recent])
         return seen
 
-    assert asyncio.run(scenario_()) == [[1, 2], [2], [2]]
+    assert asyncio.run(scenario_()) == [[1, 2], [2], [2], [1, 2]]
 
 
 @pytest.mark.parametrize("carrier", ["http", "loopback"])
@@ -161,8 +170,8 @@ def test_each_read_a_carrier_sends_in_full_is_noted_as_answered(tmp_path: Path, 
     answered: dict[str, list[tuple[str, int]]] = {n.config.id: [] for n in nodes}
     for node in nodes:
         store, note = node.transport.store, node.transport.store.note_answered
-        store.note_answered = lambda reader, version, note=note, seen=answered[node.config.id]: (  # type: ignore[method-assign]
-            seen.append((reader, version)), note(reader, version))[1]
+        store.note_answered = lambda reader, version, part, note=note, seen=answered[node.config.id]: (  # type: ignore[method-assign]
+            seen.append((reader, version)), note(reader, version, part))[1]
     results, _, _ = run_in_process(nodes, None)
     assert all(r["status"] == "ok" for r in results)
     for node_id, seen in answered.items():

@@ -189,7 +189,7 @@ class Carrier(PeerPresence, Departures):
         wait for this reader to ask again (`PartStore.note_answered`)."""
         self.counter.sent(part, frame.nbytes, frame.param_bytes)
         if not part.startswith(SETUP_PREFIX):
-            self.store.note_answered(requester, min_version)
+            self.store.note_answered(requester, min_version, part)
 
     def accepted(self, header: Header) -> ExpectedSpec:
         """The tensors a pushed message with this authenticated head must carry. Before any body

@@ -93,10 +93,13 @@ class PartStore:
             return
         self._drop_read()
 
-    def note_answered(self, reader: str, min_version: int) -> None:
-        """`reader`'s read of `min_version` was answered in full (the carrier sent all of it): its
-        next read asks for a later round."""
-        self.note_read(reader, min_version + 1)
+    def note_answered(self, reader: str, min_version: int, part: str) -> None:
+        """`reader`'s read of `part` at `min_version` was answered in full (the carrier sent all of
+        it): where that version holds no other part (which the reader may read next: FedRep's head,
+        a sparse part's whole copy), its next read asks for a later round."""
+        answered = self.held(min_version)
+        if answered is not None and {*answered.bodies, *answered.addressed} == {part}:
+            self.note_read(reader, min_version + 1)
 
     def _drop_read(self) -> None:
         if self.readers is None or not self.readers <= self._asked.keys():
