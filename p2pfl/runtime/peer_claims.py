@@ -17,7 +17,6 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
   (own norms under 1 count as 1, so a fresh zero-initialised part is no trap) is refused. Finite
   values of 1e37 pass the wire's NaN check, get averaged in, and the next round trains to NaN; no
   honest peer's model is a thousand times larger than one's own.
-
 * **Update**: a model part is at most `update_bound` times as far from the node's own model at
   the round's start as the node's own training moved that model this round, ‖θ_peer − θ_start‖ ≤
   c·‖θ_own − θ_start‖; a part farther away is pulled back along the same line onto that sphere
@@ -31,7 +30,6 @@ a part can move an aggregate, and both are bounded here, for every strategy alik
   A part `update_refuse` (100) or more times over the bound is refused instead: pulled back, a
   sign-flip x1000 still adds a reversed update as long as the node's own to every average
   (honest parts lay at most 10.8 times over in the poisoning table, that attacker 482 to 1744).
-
 * **Buffers** (BatchNorm's running means and variances, any floating non-parameter tensor) are
   bounded as a group of their own, against how far this round moved the node's own buffers:
   lumped with the weights, whose norm dwarfs theirs, a running variance could move from 1 to
@@ -113,14 +111,11 @@ class FlatCopy(dict[str, torch.Tensor]):
     @classmethod
     def over(cls, flat: torch.Tensor, shapes: Mapping[str, torch.Size], rest: Mapping[str, torch.Tensor],
              order: Sequence[str]) -> FlatCopy:
-        """A FlatCopy whose floating tensors (`shapes`, in the buffer's order) are views of `flat`
-        itself, the others `rest`'s, listed in `order`: one read back from disk, with no copy."""
+        """One over `flat` itself, no copy: `shapes`' tensors view it in its order, `rest`'s are kept."""
         copy = cls.__new__(cls)
-        dict.__init__(copy)
         copy.flat, copy.flat_keys = flat, tuple(shapes)
         pieces = dict(zip(shapes, flat.split([s.numel() for s in shapes.values()])))
-        for k in order:
-            copy[k] = pieces[k].view(shapes[k]) if k in pieces else rest[k]
+        dict.update(copy, {k: pieces[k].view(shapes[k]) if k in pieces else rest[k] for k in order})
         return copy
 
     def origin(self, keys: Sequence[str]) -> torch.Tensor | None:
@@ -133,11 +128,10 @@ def part_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     return _norm(flattened(tensors))
 
 
-# Every peer's part is first measured in its own precision (at least float32): one copy and one
-# norm, against the float64 path's two copies. Nearly all parts lie far under the magnitude bound;
-# only one within SCREEN_MARGIN of it, or with a non-finite screen, is measured again in float64,
-# and what is refused is always the float64 value. float32's error on a norm of millions of
-# values is far below the margin.
+# Every peer's part is first measured in its own precision (at least float32): one copy and one norm,
+# against the float64 path's two. Nearly all parts lie far under the magnitude bound; one within
+# SCREEN_MARGIN of it, or with a non-finite screen, is measured again in float64, and a refusal is
+# always the float64 value (float32's error on a norm of millions of values is far below the margin).
 SCREEN_MARGIN = 1e-3
 
 

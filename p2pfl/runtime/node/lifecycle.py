@@ -44,11 +44,9 @@ RoundCallback = Callable[[dict[str, Any]], None]
 
 
 class Node:
-    """Runs rounds: train, publish, gather what the strategy asks for, aggregate, checkpoint.
-
-    `on_round` hears each round's record (with the node's `id`) as the round ends; `run` returns the node's
-    result. Whoever hosts the node decides where they go (`p2pfl.assembly`).
-    """
+    """Runs rounds: train, publish, gather what the strategy asks for, aggregate, checkpoint. `on_round`
+    hears each round's record (with the node's `id`) as the round ends; `run` returns the node's
+    result. Whoever hosts the node decides where they go (`p2pfl.assembly`)."""
 
     def __init__(self, config: NodeConfig, settings: NodeSettings, parts: NodeParts, *, resume: bool = False,
                  together: bool = False, join: bool = False, on_round: RoundCallback | None = None) -> None:

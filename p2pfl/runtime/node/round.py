@@ -140,8 +140,7 @@ class Round:
         clock.switch("aggregate")
         aggregated = await asyncio.to_thread(self.aggregate_and_score, arrived, trained.scores)
         kit.scorer.last = aggregated.scored.scores
-        ctx.round_start = {}  # a copy of the model, needed within the round only (many nodes share a process)
-        checks.round_start = {}
+        ctx.round_start = checks.round_start = {}  # a model's copy, for this round only (nodes share a process)
         time_record = clock.stop()
         safeguard = {**aggregated.safeguard, **parts.safeguard.round_record(
             trained.scores.test_acc, aggregated.scored.scores.test_acc, trained.deployed, aggregated.scored.deployed)}
