@@ -71,9 +71,6 @@ class SpilledStart(Mapping[str, torch.Tensor]):
                                     f"({read} of {raw.nbytes} bytes read, or another digest)")
         return FlatCopy.over(flat, self.shapes, self.rest, self.order)
 
-    def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
-
     # A Mapping for code that only asks which tensors it has; reading values loads the file.
     def __len__(self) -> int:
         return len(self.order)
