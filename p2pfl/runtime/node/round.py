@@ -166,14 +166,14 @@ class Round:
                      record.wall_s)
         return record
 
-    # A round's steps between two exchanges run in one worker thread each: nodes sharing a worker
-    # keep serving meanwhile, and each hand-over to the pool (a thread woken, a future, a callback
-    # on the loop) is paid once, not for every step.
     def lends(self) -> bool:
         """Whether the node publishes its model's own tensors (`p2pfl.runtime.devices.lend`)."""
         parts = self.kit.parts
         return bool(parts.strategy.shared_parts) and parts.attack is None and parts.device.type == "cpu"
 
+    # A round's steps between two exchanges run in one worker thread each: nodes sharing a worker
+    # keep serving meanwhile, and each hand-over to the pool (a thread woken, a future, a callback
+    # on the loop) is paid once, not for every step.
     def train_and_score(self) -> tuple[FitResult, Scored]:
         """The round's training, the privacy step on what it publishes, and that model's scores."""
         parts, clock, ctx = self.kit.parts, self.clock, self.kit.ctx
