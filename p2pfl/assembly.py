@@ -37,8 +37,8 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.churn import NodeScript, scripts_of
-from p2pfl.runtime.config import NodeConfig, load_node_config, node_ids
+from p2pfl.runtime.churn import NodeScript, late_and_joining, scripts_of
+from p2pfl.runtime.config import NodeConfig, load_node_config, node_id_table, node_ids
 from p2pfl.runtime.federation.gossip import NoSeedAnswered
 from p2pfl.runtime.federation.service import FederationMember
 from p2pfl.runtime.shared_tables import own_copy
@@ -163,14 +163,14 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     trainer.warm_up(model, data.train, data.test)
     # The roster keeps every peer (anyone may verify a message); the topology says whom this
     # node fetches from and waits for.
-    ids = node_ids(sc.nodes)
+    ids = node_id_table(sc.nodes)
     adjacency = [] if member else Topology.parse(sc.runtime.topology).neighbours_of(config.index, sc.nodes, sc.seed)
     neighbours = tuple(sorted(ids[j] for j in adjacency if ids[j] in config.peers))
     # Each neighbour's rounds, from its own seeded draws and the churn schedule's joins: a round it
     # sits out (or is not there for yet) is asked of it at once, or not at all.
     scripts = [NodeScript()] * sc.nodes if member else scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
-    peer_rounds = {} if member else neighbour_rounds(
-        sc, sorted(set(adjacency) | {j for j in range(sc.nodes) if scripts[j].join > 1} - {config.index}), scripts)
+    late, joining = (frozenset(), frozenset()) if member else late_and_joining(sc.churn, sc.nodes, sc.rounds, sc.seed)
+    peer_rounds = {} if member else neighbour_rounds(sc, sorted((set(adjacency) | joining) - {config.index}), scripts)
     key = NodeKey.load(config.key_file)
     infos = own_copy(config.peers)  # a view of the worker's one roster table, not N entries of its own
     if config.coordinator is not None:
@@ -184,7 +184,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         fresh_strategy=lambda: build_strategy(sc.algorithm.name, params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
         safeguard=safeguard, peer_rounds=peer_rounds, script=scripts[config.index],
-        joins_late=frozenset(ids[j] for j in range(sc.nodes) if scripts[j].late),
+        joins_late=frozenset(ids[j] for j in late),
         companions=(member,) if member else (),
     )
     return Node(config, node_settings(sc), parts, resume=resume, together=together, join=join, on_round=on_round)
@@ -193,7 +193,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
 def neighbour_rounds(sc: Scenario, indices: Sequence[int], scripts: Sequence[NodeScript]) -> dict[str, frozenset[int]]:
     """The rounds each node of `indices` takes part in where that is not every round: its seeded
     participation draws (its own stream, from round 1), from the round it joins."""
-    ids, out = node_ids(sc.nodes), {}
+    ids, out = node_id_table(sc.nodes), {}
     for j in indices:
         join = scripts[j].join
         if sc.runtime.participation >= 1 and join <= 1:

@@ -462,11 +462,12 @@ def build_partition(
             raise ConfigError("nodes", f"node indices {bad} are outside 0..{num_nodes - 1}")
     pool = load_pool(spec)
     a, node_meta = _assignment(spec, num_nodes, seed)
+    # The asked nodes only, not a scan of all: a worker builds thousands of nodes one at a time.
     nodes = [
         NodeData(i, _split(pool, tr), _split(pool, va), _split(pool, te), node_meta[i]["domain"],
                  {r: _split(pool, sets[i]) for r, sets in a["extra_tests"].items()})
-        for i, (tr, va, te) in enumerate(a["nodes"])
-        if only is None or i in only
+        for i in (range(len(a["nodes"])) if only is None else only)
+        for tr, va, te in (a["nodes"][i],)
     ]
     held_out = _split(pool, a["held_out"]) if a["held_out"] is not None else None
     meta = {

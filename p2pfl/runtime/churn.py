@@ -252,3 +252,11 @@ def _check_script(index: int, s: NodeScript, rounds: int) -> None:
 def scripts_of(spec: ChurnSpec | None, nodes: int, rounds: int, seed: int) -> tuple[NodeScript, ...]:
     return (NodeScript(),) * nodes if spec is None or not spec.active else spec.scripts(nodes, rounds, seed)
 
+
+
+@functools.lru_cache(maxsize=8)  # scanned once a worker: each of thousands of nodes asks for them
+def late_and_joining(spec: ChurnSpec | None, nodes: int, rounds: int, seed: int) -> tuple[frozenset[int], frozenset[int]]:
+    """The indices of `scripts_of`'s nodes that start late, and of those that join after round 1."""
+    scripts = scripts_of(spec, nodes, rounds, seed)
+    return (frozenset(j for j, s in enumerate(scripts) if s.late),
+            frozenset(j for j, s in enumerate(scripts) if s.join > 1))

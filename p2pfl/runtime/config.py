@@ -8,6 +8,7 @@ readable by its owner only.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -40,6 +41,12 @@ def node_ids(n: int) -> list[str]:
     """The ids of a run's n nodes, zero-padded so that they sort in index order."""
     width = len(str(n - 1))
     return [f"node-{i:0{width}d}" for i in range(n)]
+
+
+@functools.lru_cache(maxsize=4)
+def node_id_table(n: int) -> tuple[str, ...]:
+    """`node_ids(n)`, made once a process: each of a worker's thousands of nodes looks its peers up in it."""
+    return tuple(node_ids(n))
 
 
 @dataclass(frozen=True)
