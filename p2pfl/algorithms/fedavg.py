@@ -12,15 +12,26 @@ which the run's summary counts. FedProx inherits the options.
 `staleness = a > 0` (ours, after FedAsync's polynomial weight, Xie et al. 2019) weighs a part
 that is τ rounds old (a straggler's, taken under `runtime.accept_stale`) by (1 + τ)^-a on top of
 its sample count; 0, the default, is FedAvg as printed.
+
+`sum_dtype = "model"` (ours) keeps the running sum in the model's own dtype instead of float64:
+half the memory a waiting node holds for a float32 model (docs/benchmarks.md, issue 66), and an
+aggregate that can differ in its last bits with the order the models arrived in, as Flower's
+NumPy sums do; "float64", the default, sums so that the order moves nothing the float32 answer keeps.
 """
 
 from __future__ import annotations
+
+import torch
 
 from p2pfl.algorithms import register
 from p2pfl.core.influence import RunningWeightedMean
 from p2pfl.core.robust import ROBUST_RULES, SELECTION_RULES, models_needed, robust_aggregate, selection_aggregate, trimmed_count
 from p2pfl.models import load_part, part_state
 from p2pfl.runtime.strategy import Fetch, PeerModel, RoundContext, Strategy
+
+
+# The running sum's dtype by its setting's value: "model" sums in each tensor's own dtype.
+SUM_DTYPES: dict[str, torch.dtype | None] = {"float64": torch.float64, "model": None}
 
 
 @register
@@ -33,7 +44,9 @@ class FedAvg(Strategy):
     folds_arrivals = True
 
     def __init__(self, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0, byzantine: int = 1,
-                 keep: int = 0, fallback: bool = False) -> None:
+                 keep: int = 0, fallback: bool = False, sum_dtype: str = "float64") -> None:
+        if sum_dtype not in SUM_DTYPES:
+            raise ValueError(f"sum_dtype must be one of {tuple(SUM_DTYPES)}, got {sum_dtype!r}")
         if aggregation not in ("mean", *ROBUST_RULES):
             raise ValueError(f"aggregation must be one of {('mean', *ROBUST_RULES)}, got {aggregation!r}")
         trimmed_count(1, trim)  # the range check, before the first round
@@ -44,11 +57,14 @@ class FedAvg(Strategy):
             raise ValueError(f"staleness must be a finite exponent >= 0 (0: off), got {staleness}")
         if staleness and aggregation != "mean":
             raise ValueError(f"staleness weighs the mean; aggregation {aggregation!r} takes no weights")
+        if sum_dtype != "float64" and aggregation != "mean":
+            raise ValueError(f"sum_dtype is the mean's running sum; aggregation {aggregation!r} keeps none")
         if not isinstance(fallback, bool):
             raise ValueError(f"fallback must be true or false, got {fallback!r}")
         if fallback and aggregation not in SELECTION_RULES:
             raise ValueError(f"fallback is for krum, multi_krum and bulyan, not aggregation {aggregation!r}")
         self.aggregation, self.trim, self.staleness, self.fallback = aggregation, trim, staleness, fallback
+        self.sum_dtype = sum_dtype
         # A robust rule needs every model of the round at once; only the mean is summed as they arrive.
         self.folds_arrivals = aggregation == "mean"
         self._mean: RunningWeightedMean | None = None
@@ -68,7 +84,7 @@ class FedAvg(Strategy):
         if arrival.part != "full":
             return False
         if self._mean is None:  # the own model counts too; it does not change while models arrive
-            self._mean = RunningWeightedMean()
+            self._mean = RunningWeightedMean(SUM_DTYPES[self.sum_dtype])
             self._mean.add(part_state(ctx.model, "full"), float(len(ctx.data.train)))
         self._mean.add(arrival.tensors, float(arrival.n_train) * staleness_weight(ctx.round - arrival.version,
                                                                                    self.staleness))
@@ -89,8 +105,7 @@ class FedAvg(Strategy):
                 self.fold(ctx, m)
         if self._mean is not None:
             load_part(ctx.model, self._mean.mean(last=True))
-            self._mean = None  # a float64 copy of the model: not held between rounds
-        self._mean = None
+        self._mean = None  # a copy of the model in the sums' dtype: not held between rounds
         ctx.artefacts.record("aggregated_from", [m.sender for m in arrived])
 
 

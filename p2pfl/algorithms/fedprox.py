@@ -50,10 +50,10 @@ class FedProx(FedAvg):
     name = "fedprox"
 
     def __init__(self, mu: float = 0.01, aggregation: str = "mean", trim: float = 0.1, staleness: float = 0.0,
-                 byzantine: int = 1, keep: int = 0, fallback: bool = False) -> None:
+                 byzantine: int = 1, keep: int = 0, fallback: bool = False, sum_dtype: str = "float64") -> None:
         if not (mu >= 0 and mu != float("inf")):
             raise ValueError(f"mu must be a finite number >= 0, got {mu}")
-        super().__init__(aggregation, trim, staleness, byzantine, keep, fallback)
+        super().__init__(aggregation, trim, staleness, byzantine, keep, fallback, sum_dtype)
         self.mu = mu
 
     def fit(self, ctx: RoundContext) -> FitResult:

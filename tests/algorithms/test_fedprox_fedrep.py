@@ -210,6 +210,28 @@ def test_fedavg_folding_arrivals_one_by_one_gives_the_all_at_once_average() -> N
         torch.testing.assert_close(part_state(model, "full")[k], part_state(reference, "full")[k], rtol=1e-7, atol=1e-7)
 
 
+def test_fedavg_sum_in_the_models_dtype_is_the_float64_average_to_float32_rounding() -> None:
+    torch.manual_seed(0)
+    model = cnn(1, 8, CLASSES)
+    peers = [peer(f"p{i}", perturbed(model, seed=i + 1), "full", 10 * (i + 1)) for i in range(3)]
+    wide, narrow = copy.deepcopy(model), copy.deepcopy(model)
+    for strategy, target in ((FedAvg(), wide), (FedAvg(sum_dtype="model"), narrow)):
+        ctx = context(target, peers=("p0", "p1", "p2"))
+        strategy.configure_fetch(ctx)
+        for m in peers:
+            strategy.fold(ctx, m)
+            assert {v.dtype for v in strategy._mean._sum.values()} == ({torch.float32} if target is narrow
+                                                                       else {torch.float64})
+        strategy.aggregate(ctx, [PeerModel(m.sender, m.part, m.round, m.version, {}, m.meta) for m in peers])
+    for k, v in part_state(wide, "full").items():
+        torch.testing.assert_close(part_state(narrow, "full")[k], v, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ConfigError, match="sum_dtype"):
+        build_strategy("fedavg", {"sum_dtype": "float16"})
+    with pytest.raises(ConfigError, match="sum_dtype"):
+        build_strategy("fedprox", {"sum_dtype": "model", "aggregation": "median"})
+    assert build_strategy("fedprox", {"sum_dtype": "model"}).sum_dtype == "model"
+
+
 @pytest.mark.parametrize("rule", ["median", "trimmed_mean"])
 def test_fedavg_robust_rules_take_the_own_model_and_every_peer_at_once(rule: str) -> None:
     from p2pfl.core.robust import robust_aggregate

@@ -58,3 +58,25 @@ def test_the_last_mean_divides_in_place_and_equals_the_mean_to_the_bit() -> None
         assert all(torch.equal(typed[0][k], kept[k]) for k in kept)  # the first state is never written into
         with pytest.raises(ValueError, match="no state"):
             last.mean()
+
+
+def test_a_sum_in_the_states_own_dtype_holds_half_and_differs_by_rounding_only() -> None:
+    states, weights = _states(4, seed=2), [30.0, 1.0, 7.0, 12.0]
+    reference = combine_states(states, [w / sum(weights) for w in weights])
+    for order in itertools.permutations(range(1, 4)):
+        own, wide = RunningWeightedMean(dtype=None), RunningWeightedMean()
+        for i in (0, *order):
+            own.add(states[i], weights[i])
+            wide.add(states[i], weights[i])
+        assert {v.dtype for v in own._sum.values()} == {torch.float32}
+        assert sum(v.nbytes for v in own._sum.values()) * 2 == sum(v.nbytes for v in wide._sum.values())
+        got = own.mean(last=True)
+        for k, ref in reference.items():
+            assert got[k].dtype == ref.dtype
+            if ref.is_floating_point():  # float32 summation's bound: n·eps·Σ w|x| / Σ w, and the answer's rounding
+                eps = torch.finfo(torch.float32).eps
+                magnitude = sum(w * s[k].double().abs() for w, s in zip(weights, states)) / sum(weights)
+                error = (got[k].double() - ref.double()).abs()
+                assert bool((error <= 5 * eps * magnitude + eps * ref.double().abs()).all())
+            else:
+                assert torch.equal(got[k], ref)
