@@ -35,7 +35,10 @@ import ctypes.util
 import functools
 import gc
 import os
+import threading
 from collections.abc import Callable
+
+from p2pfl.runtime.worker_pool import use_training_last_pool
 
 MANY_NODES_GC_THRESHOLDS = (100_000, 50, 1000)
 
@@ -89,6 +92,14 @@ def release_freed_memory() -> bool:
 _TRIM_PENDING: set[asyncio.AbstractEventLoop] = set()
 
 
+@functools.cache
+def _trimmer() -> concurrent.futures.ThreadPoolExecutor:
+    """A thread for `release_soon`'s trims. Not the loop's default pool: a worker's thousands of
+    nodes queue their training there at once (5000 at 10,000 nodes, over a minute of work), and a
+    trim queued behind them came after the garbage had piled up."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2pfl-trim")
+
+
 def release_soon(delay_s: float = 0.5) -> None:
     """`release_freed_memory` once, `delay_s` from now and off the event loop, however many ask
     meanwhile: after the node dropped large buffers (a stalled reader's unsent answer) that the
@@ -101,18 +112,32 @@ def release_soon(delay_s: float = 0.5) -> None:
 
     def run() -> None:
         _TRIM_PENDING.discard(loop)
-        loop.run_in_executor(None, release_freed_memory)
+        loop.run_in_executor(_trimmer(), release_freed_memory)
 
     loop.call_later(delay_s, run)
 
 
 async def release_periodically(every_s: float) -> None:
-    """`release_freed_memory` every `every_s` seconds, off the event loop, until cancelled."""
+    """`release_freed_memory` every `every_s` seconds on a thread of its own, until cancelled.
+
+    Timed by that thread, not by the event loop: at 10,000 nodes a worker's loop, busy with its
+    5000 nodes' arrivals, woke a quarter-second sleep up to 24 s late, and by then its heap held
+    up to 3.7 GiB of freed blocks that one trim handed back (docs/benchmarks.md, issue 66)."""
     if _malloc_trim() is None:
         return
-    while True:
-        await asyncio.sleep(every_s)
-        await asyncio.to_thread(release_freed_memory)
+    stop = threading.Event()
+
+    def trim_until_stopped() -> None:
+        while not stop.wait(every_s):
+            release_freed_memory()
+
+    thread = threading.Thread(target=trim_until_stopped, name="p2pfl-trim", daemon=True)
+    thread.start()
+    try:
+        await asyncio.Event().wait()  # until cancelled
+    finally:
+        stop.set()
+        thread.join()  # at most one trim still running: milliseconds
 
 
 def raise_open_file_limit() -> int | None:
@@ -132,10 +157,11 @@ def raise_open_file_limit() -> int | None:
 def host_many_nodes(loop: asyncio.AbstractEventLoop, workers: int) -> int:
     """Settle this process to host many nodes as one of `workers` processes on this machine (0:
     one per core): fewer cycle collections, freed blocks kept for reuse (`keep_freed_blocks`),
-    and a pool of its share of the cores for the nodes' training. Returns the pool's thread count."""
+    and a pool of its share of the cores for the nodes' training, which takes any other work first
+    (`p2pfl.runtime.worker_pool`). Returns the pool's thread count."""
     gc.set_threshold(*MANY_NODES_GC_THRESHOLDS)
     keep_freed_blocks()
     cores = os.cpu_count() or 1
     threads = max(2, cores // (workers or cores))
-    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="p2pfl-train"))
+    use_training_last_pool(loop, threads)
     return threads

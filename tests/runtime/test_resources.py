@@ -101,6 +101,45 @@ def test_a_worker_of_many_nodes_collects_less_often_and_trains_on_its_share_of_t
     assert threads == 2 and all(n.startswith("p2pfl-train") for n in names) and len(names) <= threads
 
 
+def test_a_nodes_other_work_waits_behind_at_most_the_pools_threads_of_training() -> None:
+    """Ten nodes start training at once in a worker of many nodes; one node's other work (its
+    aggregation) handed to the pool after them runs once a thread is free, not after all ten."""
+    import asyncio
+    import functools
+    import gc
+    import threading
+
+    from p2pfl.runtime.resources import host_many_nodes
+    from p2pfl.runtime.worker_pool import run_training
+
+    before = gc.get_threshold()
+    started: list[int] = []
+    go = threading.Event()
+
+    def train(i: int) -> int:
+        started.append(i)
+        go.wait(30)
+        return i
+
+    async def body() -> tuple[int, int, list[int]]:
+        threads = host_many_nodes(asyncio.get_running_loop(), workers=0)
+        trainings = [asyncio.ensure_future(run_training(functools.partial(train, i))) for i in range(10)]
+        while len(started) < threads:  # the pool's threads have taken their first trainings
+            await asyncio.sleep(0.01)
+        other = asyncio.ensure_future(asyncio.to_thread(lambda: len(started)))
+        await asyncio.sleep(0)  # its task runs first: the aggregation is in the pool's queue before a training ends
+        go.set()
+        return threads, await other, await asyncio.gather(*trainings)
+
+    try:
+        threads, trainings_begun_before_it, results = asyncio.run(body())
+    finally:
+        go.set()
+        gc.set_threshold(*before)
+    assert trainings_begun_before_it == threads == 2
+    assert results == list(range(10)) and started == list(range(10))  # every training, in the order they came
+
+
 class _CountingStream:
     def __init__(self) -> None:
         self.text, self.flushes = "", 0
@@ -170,3 +209,35 @@ def test_many_asks_to_release_freed_memory_soon_make_one_release(monkeypatch: py
         assert calls == []
     else:
         assert calls == [True, True]
+
+
+def test_trims_run_while_the_loop_is_busy_and_its_pool_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's loop can be busy for seconds with its thousands of nodes' arrivals, and its pool
+    holds their queued training: the periodic trim is timed and run by a thread of its own, so it
+    runs meanwhile (before: a loop-timed sleep, then a place in that pool)."""
+    import asyncio
+    import concurrent.futures
+    import threading
+
+    from p2pfl.runtime import resources
+
+    if resources._malloc_trim() is None:
+        pytest.skip("no malloc_trim in this C library: nothing is released periodically")
+    trimmed = threading.Event()
+    monkeypatch.setattr(resources, "release_freed_memory", lambda: trimmed.set() or True)
+
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+        pool_free = threading.Event()
+        queued = [asyncio.ensure_future(asyncio.to_thread(pool_free.wait)) for _ in range(50)]
+        periodic = asyncio.ensure_future(resources.release_periodically(0.01))
+        await asyncio.sleep(0)  # the periodic task starts
+        try:
+            return trimmed.wait(timeout=30)  # blocks the loop: only a trim from elsewhere ends it early
+        finally:
+            pool_free.set()
+            periodic.cancel()
+            await asyncio.gather(*queued, periodic, return_exceptions=True)
+
+    assert asyncio.run(main())

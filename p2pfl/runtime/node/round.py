@@ -38,6 +38,7 @@ from p2pfl.runtime.settings import NodeSettings
 from p2pfl.runtime.statements import sign_statement
 from p2pfl.runtime.strategy import PeerModel, RoundContext, Strategy, overrides
 from p2pfl.runtime.timing import PhaseClock, device_synchronizer
+from p2pfl.runtime.worker_pool import run_training
 from p2pfl.training.config import TrainConfig
 from p2pfl.training.trainer import FitResult
 
@@ -101,7 +102,7 @@ class Round:
         assert clock is not None
         # Watched neighbours are probed while this node trains (most rounds have none to probe).
         probes = asyncio.ensure_future(exchange.probe_watched(r)) if kit.neighbours.watched else None
-        fit, trained = await asyncio.to_thread(self.train_and_score)
+        fit, trained = await run_training(self.train_and_score)
         if parts.script.slowdown > 1:  # a slower machine, on this one: the training's time, stretched
             clock.switch("train")
             await asyncio.sleep((parts.script.slowdown - 1) * clock.seconds["train"])
@@ -243,10 +244,9 @@ class Round:
         be finite and still overflow a weighted sum); returns why, or None when it was fine."""
         model = self.kit.parts.model
         floats = {k: v for k, v in model.state_dict().items() if v.is_floating_point() and v.numel()}
-        # A finite sum of every tensor means no NaN or Inf anywhere (either makes its sum
-        # non-finite): one check a round instead of a test per element and tensor. Summed in the
-        # tensors' own precision (a third of the float64 sums' time): a sum that overflows with
-        # every value finite only sends the check to the test per element below.
+        # A finite sum of every tensor means no NaN or Inf anywhere: one check a round, not one per
+        # element. Summed in the tensors' own precision (a third of float64's time): a sum that
+        # overflows with every value finite only sends the check to the test per element below.
         if not floats or bool(torch.stack([v.sum() for v in floats.values()]).isfinite().all()):
             return None
         bad = [k for k, v in floats.items() if not bool(torch.isfinite(v).all())]
