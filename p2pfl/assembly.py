@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import errno
+import functools
 import gc
 import json
 import logging
 import os
 import sys
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,11 @@ from p2pfl.data import build_partition
 from p2pfl.models import build_model
 from p2pfl.privacy import build_privacy, prepare_model
 from p2pfl.runtime.accounting import ByteCounter
-from p2pfl.runtime.churn import NodeScript, late_and_joining, scripts_of
+from p2pfl.runtime.churn import ChurnSpec, NodeScript, late_and_joining, scripts_of
 from p2pfl.runtime.config import NodeConfig, load_node_config, node_id_table, node_ids
 from p2pfl.runtime.federation.gossip import NoSeedAnswered
 from p2pfl.runtime.federation.service import FederationMember
-from p2pfl.runtime.shared_tables import own_copy
+from p2pfl.runtime.shared_tables import Overlay, own_copy
 from p2pfl.scenario.federation import federation_member
 from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
@@ -169,8 +170,11 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     # Each neighbour's rounds, from its own seeded draws and the churn schedule's joins: a round it
     # sits out (or is not there for yet) is asked of it at once, or not at all.
     scripts = [NodeScript()] * sc.nodes if member else scripts_of(sc.churn, sc.nodes, sc.rounds, sc.seed)
-    late, joining = (frozenset(), frozenset()) if member else late_and_joining(sc.churn, sc.nodes, sc.rounds, sc.seed)
-    peer_rounds = {} if member else neighbour_rounds(sc, sorted((set(adjacency) | joining) - {config.index}), scripts)
+    joining = frozenset() if member else late_and_joining(sc.churn, sc.nodes, sc.rounds, sc.seed)[1]
+    peer_rounds: MutableMapping[str, frozenset[int]] = {}
+    if not member:  # the joiners' rounds (any node may be asked one), one table a worker; the node's neighbours' its own
+        peer_rounds = Overlay(joiner_rounds(sc, joining, scripts), removed=[config.id])
+        peer_rounds.update(neighbour_rounds(sc, sorted(set(adjacency) - joining - {config.index}), scripts))
     key = NodeKey.load(config.key_file)
     infos = own_copy(config.peers)  # a view of the worker's one roster table, not N entries of its own
     if config.coordinator is not None:
@@ -184,7 +188,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
         fresh_strategy=lambda: build_strategy(sc.algorithm.name, params),
         privacy=privacy, attack=attack, key=key, transport=transport, counter=counter, neighbours=neighbours, seed=seed,
         safeguard=safeguard, peer_rounds=peer_rounds, script=scripts[config.index],
-        joins_late=frozenset(ids[j] for j in late),
+        joins_late=frozenset() if member else late_ids(sc.churn, sc.nodes, sc.rounds, sc.seed),
         companions=(member,) if member else (),
     )
     return Node(config, node_settings(sc), parts, resume=resume, together=together, join=join, on_round=on_round)
@@ -202,6 +206,29 @@ def neighbour_rounds(sc: Scenario, indices: Sequence[int], scripts: Sequence[Nod
                   if sc.runtime.participation < 1 else frozenset(range(1, sc.rounds + 1)))
         out[ids[j]] = frozenset(r for r in rounds if r >= join)
     return out
+
+
+@functools.lru_cache(maxsize=4)  # one set for a worker's nodes, not one each
+def late_ids(spec: ChurnSpec | None, nodes: int, rounds: int, seed: int) -> frozenset[str]:
+    """The ids of the nodes the churn schedule starts late."""
+    ids = node_id_table(nodes)
+    return frozenset(ids[j] for j in late_and_joining(spec, nodes, rounds, seed)[0])
+
+
+# id of a scenario -> (the scenario, kept alive so that its id is not reused; its joiners' rounds)
+_JOINER_ROUNDS: dict[int, tuple[Scenario, Mapping[str, frozenset[int]]]] = {}
+
+
+def joiner_rounds(sc: Scenario, joining: frozenset[int], scripts: Sequence[NodeScript]) -> Mapping[str, frozenset[int]]:
+    """`neighbour_rounds` of the nodes that join after round 1, made once for the nodes of a worker
+    (they share one parsed scenario): a quarter of 10,000 nodes join in a churn run, and a table of
+    them each held 0.9 MiB a node."""
+    found = _JOINER_ROUNDS.get(id(sc))
+    if found is None or found[0] is not sc:
+        found = _JOINER_ROUNDS[id(sc)] = (sc, neighbour_rounds(sc, sorted(joining), scripts))
+        while len(_JOINER_ROUNDS) > 4:  # a process that builds many runs keeps the newest only
+            del _JOINER_ROUNDS[next(iter(_JOINER_ROUNDS))]
+    return found[1]
 
 
 def node_settings(sc: Scenario) -> NodeSettings:

@@ -21,17 +21,23 @@ from ..runtime.helpers import write_tiny
 GROWTH_ALLOWED = 6 * 1024
 
 
-def _what_node_0_holds(tmp_path: Path, nodes: int) -> dict[str, int]:
+# Each round 5 % of the nodes join and 5 % crash (back two rounds later), as issue 66's churn run.
+CHURN = ["rounds=6", "churn.join_per_round=0.05", "churn.crash_per_round=0.05", "churn.restart_after=2"]
+
+
+def _what_node_0_holds(tmp_path: Path, nodes: int, overrides: list[str] = []) -> dict[str, int]:  # noqa: B006
     """Node 0's own bytes, by component, with two more nodes of the same run hosted beside it."""
     tmp_path.mkdir()
     scenario = load_scenario(write_tiny(tmp_path, nodes=nodes, samples=8),
-                             ['runtime.topology="regular:4"', 'runtime.placement="shared"'])
+                             ['runtime.topology="regular:4"', 'runtime.placement="shared"', *overrides])
     paths, _ = write_run_folder(scenario, tmp_path / "run")
     return own_bytes([assemble_node(load_node_config(p), scenario) for p in paths[:3]])[0]
 
 
-def test_what_one_node_holds_does_not_grow_with_the_federation(tmp_path: Path) -> None:
-    small, large = _what_node_0_holds(tmp_path / "50", 50), _what_node_0_holds(tmp_path / "500", 500)
+@pytest.mark.parametrize("overrides", [[], CHURN], ids=["steady", "churn"])
+def test_what_one_node_holds_does_not_grow_with_the_federation(tmp_path: Path, overrides: list[str]) -> None:
+    small = _what_node_0_holds(tmp_path / "50", 50, overrides)
+    large = _what_node_0_holds(tmp_path / "500", 500, overrides)
     grew = {c: large.get(c, 0) - small.get(c, 0) for c in {*small, *large}}
     assert sum(grew.values()) < GROWTH_ALLOWED, sorted(grew.items(), key=lambda kv: -kv[1])[:5]
     assert sum(small.values()) > 100_000  # the walk found the node's model and data: it measures something

@@ -32,7 +32,7 @@ import numpy as np
 from p2pfl.runtime.metadata import MAX_NEWS
 from p2pfl.runtime.participation import version_to_ask
 from p2pfl.runtime.peer_claims import DeclaredSizes, newly_distrusted
-from p2pfl.runtime.shared_tables import keys_of
+from p2pfl.runtime.shared_tables import keys_of, own_copy
 from p2pfl.runtime.statements import ROUND_SLACK, Statement
 from p2pfl.runtime.strategy import Fetch
 
@@ -47,7 +47,8 @@ class Neighbours:
         self.asked: tuple[str, ...] = tuple(sorted(asked))  # whom this node fetches from and waits for
         self.target = len(self.asked)
         self.members = keys_of(members, *self.asked)  # who may be asked instead: a view of the roster, not N entries
-        self.peer_rounds = dict(peer_rounds or {})  # the rounds each takes part in, where known (participation, joins)
+        # The rounds each takes part in, where known (participation, joins): a view of the worker's one table of joiners.
+        self.peer_rounds = own_copy(peer_rounds or {})
         self.departed: set[str] = set()      # said goodbye: never asked again
         self.unreachable: set[str] = set()   # asked last time and did not answer: probed before it is waited for
         self.watched: set[str] = set()       # replaced for its silence: probed each round, taken back when it answers
