@@ -4,6 +4,13 @@
         [--json benchmarks/results/memory_curve.json] [--figure docs/memory_curve.png] [--set KEY=VALUE ...]
     python benchmarks/memory_curve.py --from benchmarks/results/memory_curve.json --figure docs/memory_curve.png
 
+With churn (each round 5 % of the nodes join and 5 % crash, back two rounds later), the folder
+kept and checked as `benchmarks/churn_scale.py` checks its own:
+
+    python benchmarks/memory_curve.py --nodes 10000 --out runs/curve --set rounds=6 \
+        --set churn.join_per_round=0.05 --set churn.crash_per_round=0.05 --set churn.restart_after=2
+    python benchmarks/churn_scale.py --check runs/curve/nodes-10000
+
 Each size runs the scale scenario as anyone would, in a process of its own:
 
     python -m p2pfl run scenarios/scale.toml --out RUN --no-progress --set nodes=N --set 'runtime.topology="regular:4"'
@@ -11,8 +18,10 @@ Each size runs the scale scenario as anyone would, in a process of its own:
 while this script sums the RSS of that process and every process below it every 0.2 s. A run
 whose total passes `--limit-gb` is stopped by its own pids (SIGTERM to each, SIGKILL to what is
 left 10 s later), so that it cannot take the machine down, and its row says so with how far it
-got. Per size: start-up (launch to the moment the last node began round 1), s per round (the
-slowest node's mean round), the peak GB, and the nodes that ended ok. The rows go to `--json`
+got. Per size: start-up (launch to the moment the last node began round 1), the first round
+(launch to the moment the last node finished it), s per round (the slowest node's mean round),
+the peak GB, and the nodes that ended ok; the rows also keep when the first and the median node
+began round 1. The rows go to `--json`
 (from which `--from` draws the figure again without running anything).
 """
 
@@ -65,9 +74,9 @@ def progress(run: Path) -> dict[str, int]:
     return {"nodes_in_a_round": sum(1 for r in rounds if r), "rounds_recorded": sum(rounds)}
 
 
-def measure(nodes: int, overrides: list[str], limit_bytes: int) -> dict[str, Any]:
+def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
+        run = Path(tmp) / "run" if keep is None else keep / f"nodes-{nodes}"
         command = [sys.executable, "-m", "p2pfl", "run", str(SCENARIO), "--out", str(run), "--no-progress",
                    "--set", f"nodes={nodes}", "--set", 'runtime.topology="regular:4"',
                    *(arg for o in overrides for arg in ("--set", o))]
@@ -95,8 +104,12 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int) -> dict[str, Any
             return row
         results = json.loads((run / "results.json").read_text())
     done = [n for n in results["nodes"] if n["rounds"]]
+    starts = sorted(n["rounds"][0]["started_at"] - launched for n in done)
     row.update(
-        startup_s=max(n["rounds"][0]["started_at"] for n in done) - launched,
+        startup_s=starts[-1],
+        # When the nodes began round 1 (the first, the median) and when the last one had finished it.
+        first_began_s=starts[0], median_began_s=starts[len(starts) // 2],
+        first_round_s=max(n["rounds"][0]["started_at"] + n["rounds"][0]["wall_s"] for n in done) - launched,
         round_s=max(statistics.fmean(r["wall_s"] for r in n["rounds"]) for n in done),
         nodes_ok=sum(1 for n in results["nodes"] if n["status"] == "ok"),
         mib_per_node=peak / nodes / 2**20,
@@ -136,6 +149,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--from", dest="source", type=Path, help="draw the figure from rows written before")
     parser.add_argument("--figure", type=Path, help="a PNG of the three curves")
+    parser.add_argument("--out", type=Path, help="keep each run's folder here, as nodes-N (else removed), to look "
+                                                 "into or check again (benchmarks/churn_scale.py --check)")
     args = parser.parse_args()
     if args.source is not None:
         saved = json.loads(args.source.read_text())
@@ -143,18 +158,20 @@ def main() -> None:
     else:
         rows, limit_gb = [], args.limit_gb
         for n in (int(x) for x in args.nodes.split(",")):
-            rows.append({**measure(n, args.overrides, int(args.limit_gb * 1e9)), "set": args.overrides})
+            rows.append({**measure(n, args.overrides, int(args.limit_gb * 1e9), args.out), "set": args.overrides})
             print(json.dumps(rows[-1]), flush=True)
             if args.json is not None:  # after each size: a later one may take long, or be stopped
                 args.json.write_text(json.dumps({"limit_gb": limit_gb, "cores": os.cpu_count(), "rows": rows},
                                                 indent=1) + "\n")
-    print(f"{'nodes':>6}{'start-up s':>12}{'s / round':>11}{'peak GB':>9}{'MiB / node':>12}{'ok':>7}")
+    print(f"{'nodes':>6}{'start-up s':>12}{'round 1 by s':>14}{'s / round':>11}{'peak GB':>9}{'MiB / node':>12}"
+          f"{'ok':>7}")
     for r in rows:
         if "stopped" in r or "failed" in r:
             print(f"{r['nodes']:>6}  {r.get('stopped') or r['failed']}; {r['nodes_in_a_round']} nodes had recorded a "
                   f"round, {r['rounds_recorded']} rounds in all")
         else:
-            print(f"{r['nodes']:>6}{r['startup_s']:>12.1f}{r['round_s']:>11.1f}{r['peak_gb']:>9.2f}"
+            first = f"{r['first_round_s']:.1f}" if "first_round_s" in r else "-"  # rows written before it was kept
+            print(f"{r['nodes']:>6}{r['startup_s']:>12.1f}{first:>14}{r['round_s']:>11.1f}{r['peak_gb']:>9.2f}"
                   f"{r['mib_per_node']:>12.2f}{r['nodes_ok']:>7}")
     if args.figure is not None:
         print(f"figure: {figure(rows, limit_gb, args.figure)}")
