@@ -253,7 +253,6 @@ def scripts_of(spec: ChurnSpec | None, nodes: int, rounds: int, seed: int) -> tu
     return (NodeScript(),) * nodes if spec is None or not spec.active else spec.scripts(nodes, rounds, seed)
 
 
-
 @functools.lru_cache(maxsize=8)  # scanned once a worker: each of thousands of nodes asks for them
 def late_and_joining(spec: ChurnSpec | None, nodes: int, rounds: int, seed: int) -> tuple[frozenset[int], frozenset[int]]:
     """The indices of `scripts_of`'s nodes that start late, and of those that join after round 1."""

@@ -5,9 +5,9 @@ A worker's thousands of nodes start a round together and queue their training at
 every other piece of work a node hands the pool afterwards: the encoding of the part it
 publishes (its peers wait for it) and its aggregation (which frees its running sum and its
 peers' parts). At 10,000 nodes every node whose peers had all answered waited for the training
-of every node behind it before it aggregated: the run peaked at 19-20 GB, not 11.7
-(docs/benchmarks.md, issue 66). Letting only as many trainings into the pool as it has threads
-put the other work first too, but a busy event loop then handed the pool its next training
+of every node behind it before it aggregated: the run peaked at 19-20 GB; with this pool,
+12.9-13.7 (docs/benchmarks.md, issue 66). Letting only as many trainings into the pool as it has
+threads put the other work first too, but a busy event loop then handed the pool its next training
 seconds late, and a 1000-node run took 5-9 % longer. Here every training waits in the pool, fed
 however busy the loop is, and a thread takes any other work first: the trainings keep the
 order they came in.
@@ -21,6 +21,7 @@ import concurrent.futures
 import contextvars
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -91,17 +92,13 @@ class TrainingLastPool(concurrent.futures.ThreadPoolExecutor):
 
 
 # Per loop that `host_many_nodes` gave a TrainingLastPool as its default executor.
-_POOLS: dict[asyncio.AbstractEventLoop, TrainingLastPool] = {}
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, TrainingLastPool] = weakref.WeakKeyDictionary()
 
 
 def use_training_last_pool(loop: asyncio.AbstractEventLoop, threads: int) -> TrainingLastPool:
     """Make a `TrainingLastPool` of `threads` the loop's default executor (`asyncio.to_thread`'s)."""
-    pool = TrainingLastPool(threads)
+    pool = _POOLS[loop] = TrainingLastPool(threads)
     loop.set_default_executor(pool)
-    _POOLS[loop] = pool
-    if len(_POOLS) > 1:  # loops that have ended keep no pool alive
-        for other in [lp for lp in _POOLS if lp.is_closed()]:
-            del _POOLS[other]
     return pool
 
 
