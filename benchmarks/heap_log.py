@@ -15,6 +15,7 @@ and the longest gap between two trims. Linux and glibc only.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def summary(log_dir: Path) -> None:
         if not rows:
             continue
         top = max(rows, key=lambda r: r[1])
-        gap = max((b[0] - a[0] for a, b in zip(rows, rows[1:])), default=0.0)
+        gap = max((b[0] - a[0] for a, b in itertools.pairwise(rows)), default=0.0)
         print(f"{path.name}: {len(rows)} trims; highest RSS {top[1] / gib:.2f} GiB (after its trim {top[2] / gib:.2f}, "
               f"malloc in use {top[5] / gib:.2f}, outside malloc's heap {(top[2] - top[5]) / gib:.2f}); "
               f"longest gap between trims {gap:.1f} s")
