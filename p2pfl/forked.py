@@ -1,16 +1,19 @@
 """`p2pfl forked CONFIG...`: each node in its own OS process, forked from this one once it has
 imported torch and the code that builds nodes (`runtime.placement = "process"` with
-`runtime.start_method` "fork", the default on Linux).
+`runtime.start_method` "fork", the default on Linux); the same for the worker processes of
+`placement = "shared"`, each forked to host its share of the nodes (`p2pfl run` hands them over).
 
 Four fresh interpreters importing torch on two cores were most of the quickstart's start-up;
 forked, the import is paid once and the children share its pages copy-on-write. Each child is
-what `p2pfl node CONFIG` would be: its own event loop, port, log file (RUN/logs/<id>.log) and
-exit status; its progress lines go to this process's stdout (one write each, so lines from
-different children never mix), which the launcher reads. The parent runs no torch operation
-before forking (a thread pool started before fork would be lost in the children), forwards
-SIGTERM to its children, leaves Ctrl-C to reach them from the terminal, and exits with the worst of their statuses once all have ended.
-While they run, RUN/pids.json names each child's pid; each child that ends is one line on stdout
-(`EXIT_PREFIX`, its id and exit status), so the launcher knows each node's own status at once.
+what `p2pfl node CONFIG` (or `p2pfl worker CONFIG...`) would be: its own event loop, port, log
+file (RUN/logs/<id>.log, or <worker>.log) and exit status; its progress lines go to this
+process's stdout (one write each, so lines from different children never mix), which the
+launcher reads. The parent runs no torch operation before forking (a thread pool started before
+fork would be lost in the children), forwards SIGTERM to its children, leaves Ctrl-C to reach
+them from the terminal, and exits with the worst of their statuses once all have ended. While
+they run, RUN/pids.json names each node's process; each child that ends is a line on stdout for
+each of its nodes (`EXIT_PREFIX`, the node's id and the exit status), so the launcher knows each
+node's own status at once.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import p2pfl.assembly  # noqa: F401  (imported once, before any fork: the point of forking)
@@ -50,22 +53,22 @@ def _import_what_each_child_would() -> None:
 _import_what_each_child_would()
 
 
-def _child(path: Path, run: Callable[[Path], int]) -> int:
+def _child(name: str, paths: Sequence[Path], run: Callable[[str, Sequence[Path]], int]) -> int:
     if sys.platform.startswith("linux"):  # killed with its parent, as a spawned node is with the launcher's kill
         tie_to_parent()
-    config = load_node_config(path)
-    log_path = RunFolder(config.out).log(config.id)
+    log_path = RunFolder(load_node_config(paths[0]).out).log(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 2)
     os.close(log)
-    return run(path)
+    return run(name, paths)
 
 
-def run_forked_when_told(run: Callable[[Path, bool], int]) -> int:
+def run_forked_when_told(run: Callable[[str, Sequence[Path], bool], int]) -> int:
     """`p2pfl forked --wait`: imported and waiting (started by the launcher before its checks,
-    `p2pfl.hosting.warm`); one JSON line on stdin names the configs, whether they resume (a run
-    resumed by the launcher resumes together) and this process's log. End of input: no run."""
+    `p2pfl.hosting.warm`); one JSON line on stdin names the hosts (a process's name -> its
+    configs), whether they resume (a run resumed by the launcher resumes together) and this
+    process's log. End of input: no run."""
     line = sys.stdin.readline()
     if not line.strip():
         return 0
@@ -73,28 +76,30 @@ def run_forked_when_told(run: Callable[[Path, bool], int]) -> int:
     log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 2)
     os.close(log)
-    return run_forked([Path(p) for p in order["configs"]], lambda path: run(path, bool(order["resume"])))
+    hosts = {name: [Path(p) for p in paths] for name, paths in order["hosts"].items()}
+    return run_forked(hosts, lambda name, paths: run(name, paths, bool(order["resume"])))
 
 
-def run_forked(config_paths: Sequence[Path], node: Callable[[Path], int]) -> int:
-    """Fork one child per config, each running `node(config_path)` (the CLI's `p2pfl node`
-    entry, so a stop is one line and an exit status as there); the worst of their statuses."""
+def run_forked(hosts: Mapping[str, Sequence[Path]], run: Callable[[str, Sequence[Path]], int]) -> int:
+    """Fork one child per host (name -> node configs: one node's, placement "process", or a
+    worker's share, "shared"), each running `run(name, configs)` (the CLI's `p2pfl node` or `p2pfl
+    worker` entry, so a stop is one line and an exit status as there); the worst of their statuses."""
     children: dict[int, str] = {}
-    for path in config_paths:
+    for name, paths in hosts.items():
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                code = _child(path, node)
+                code = _child(name, paths, run)
             except BaseException:  # noqa: BLE001  (whatever it was, the child must not return into the parent's loop)
                 traceback.print_exc()
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        children[pid] = path.stem
+        children[pid] = name
 
     def forward(signum: int, frame: object) -> None:
         for pid in children:
@@ -103,8 +108,10 @@ def run_forked(config_paths: Sequence[Path], node: Callable[[Path], int]) -> int
             except ProcessLookupError:
                 pass
 
-    folder = RunFolder(load_node_config(config_paths[0]).out) if config_paths else None
-    running = {name: pid for pid, name in children.items()}
+    nodes = {name: [p.stem for p in paths] for name, paths in hosts.items()}
+    first = next((paths[0] for paths in hosts.values() if paths), None)
+    folder = RunFolder(load_node_config(first).out) if first is not None else None
+    running = {node: pid for pid, name in children.items() for node in nodes[name]}
     if folder is not None:
         folder.write_pids(running)
     signal.signal(signal.SIGTERM, forward)
@@ -121,9 +128,11 @@ def run_forked(config_paths: Sequence[Path], node: Callable[[Path], int]) -> int
         code = os.waitstatus_to_exitcode(status)
         worst = max(worst, code if code >= 0 else 128 - code)
         if name is not None:
-            running.pop(name, None)
+            for node in nodes[name]:
+                running.pop(node, None)
             if folder is not None:
                 folder.write_pids(running)
-            sys.stdout.write(EXIT_PREFIX + json.dumps({"id": name, "code": code}) + "\n")
-            sys.stdout.flush()
+            for node in nodes[name]:  # a line a write: a pipe keeps a write of under 4 KiB whole
+                sys.stdout.write(EXIT_PREFIX + json.dumps({"id": node, "code": code}) + "\n")
+                sys.stdout.flush()
     return worst

@@ -5,6 +5,7 @@ LAN host's), `worker` (several in one process), `forked` (each forked from one w
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ def add(sub: Any) -> None:
     worker.set_defaults(handler=_worker)
 
     forked = sub.add_parser("forked", help="run each node of CONFIG... in its own process, forked from this one after "
-                                           "one import (placement = \"process\", start_method = \"fork\")")
+                                           "one import (placement = \"process\", start_method = \"fork\"; with "
+                                           "--wait, also the workers of placement = \"shared\")")
     forked.add_argument("configs", type=Path, nargs="*")
     forked.add_argument("--wait", action="store_true",
                         help="import first, then take the configs as a JSON line on stdin (how `p2pfl run` starts it)")
@@ -77,17 +79,21 @@ def _worker(args: argparse.Namespace) -> int:
 def _forked(args: argparse.Namespace) -> int:
     from p2pfl.forked import run_forked, run_forked_when_told
 
-    def node(path: Path, resume: bool = args.resume, together: bool = args.together) -> int:
-        """A forked child runs as `p2pfl node CONFIG` would, so a stop is one line and an exit status as there."""
-        child = argparse.Namespace(command="node", config=path, resume=resume, together=together, join=False,
+    def host(name: str, paths: Sequence[Path], resume: bool = args.resume, together: bool = args.together) -> int:
+        """A forked child runs as `p2pfl node CONFIG` (a host named after its one node) or `p2pfl
+        worker CONFIG...` would, so a stop is one line and an exit status as there."""
+        if not (len(paths) == 1 and name == paths[0].stem):
+            return exit_status(_worker, argparse.Namespace(command="worker", configs=list(paths), resume=resume,
+                                                           together=together))
+        child = argparse.Namespace(command="node", config=paths[0], resume=resume, together=together, join=False,
                                    resume_hint=resume_hint)
         return exit_status(_node, child)
 
     if args.wait:
-        return run_forked_when_told(lambda path, resume: node(path, resume, resume))
+        return run_forked_when_told(lambda name, paths, resume: host(name, paths, resume, resume))
     if not args.configs:
         raise ConfigError("configs", "name the node configs to fork (or --wait for them on stdin)")
-    return run_forked(args.configs, node)
+    return run_forked({p.stem: [p] for p in args.configs}, host)
 
 
 def _coordinator(args: argparse.Namespace) -> int:

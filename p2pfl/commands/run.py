@@ -51,20 +51,16 @@ def resume_hint(args: argparse.Namespace) -> str:
 def warm_up_for(scenario: Path, overrides: Sequence[str]) -> None:
     """Start the forking parent if the scenario, as its fields read torch-free, places its nodes
     in forked processes; a scenario that cannot be read is left to the launcher's checks."""
-    from p2pfl.hosting import forks
-    from p2pfl.hosting.warm import warm_up
+    from p2pfl.hosting import warm
     from p2pfl.scenario.schema import apply_overrides, read_raw
 
     try:
         runtime = apply_overrides(read_raw(scenario), overrides).get("runtime", {})
     except (ConfigError, OSError, ValueError):
         return
-    if not isinstance(runtime, dict) or runtime.get("placement", "process") != "process":
-        return
-    if not forks(str(runtime.get("start_method", "auto"))):
-        return
-    threads = runtime.get("torch_threads", 1)
-    warm_up(threads if isinstance(threads, int) and threads > 0 else 1)
+    if isinstance(runtime, dict):
+        warm.warm_up_for(runtime.get("placement", "process"), runtime.get("start_method", "auto"),
+                         runtime.get("torch_threads", 1))
 
 
 def handle(args: argparse.Namespace) -> int:

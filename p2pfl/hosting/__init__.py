@@ -60,7 +60,7 @@ class Hosting(Protocol):
 
 def hosting_for(placement: str, *, workers: int, torch_threads: int, ray_address: str,
                 start_method: str = "auto") -> Hosting:
-    """The hosting of `runtime.placement` (`runtime.start_method`: how "process" starts its nodes)."""
+    """The hosting of `runtime.placement` (`runtime.start_method`: how "process" and "shared" start their processes)."""
     from p2pfl.hosting.process import ProcessHosting
     from p2pfl.hosting.shared import SharedHosting
 
@@ -71,7 +71,7 @@ def hosting_for(placement: str, *, workers: int, torch_threads: int, ray_address
 
     hostings: dict[str, Callable[[], Hosting]] = {
         "process": lambda: ProcessHosting(torch_threads, forks(start_method)),
-        "shared": lambda: SharedHosting(torch_threads, workers),
+        "shared": lambda: SharedHosting(torch_threads, workers, forks(start_method)),
         "ray": on_ray,
     }
     return hostings[placement]()

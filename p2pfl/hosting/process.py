@@ -110,9 +110,13 @@ class ProcessHosting:
         self.on_exit: OnExit | None = None  # the launcher's: told of each node's process as it ends
 
     def plan(self, node_paths: list[Path]) -> dict[str, list[Path]]:
-        """Process name -> the node configs it runs: here, one node each (all under one forking
-        parent, `forked`, with `fork`)."""
-        return {FORKED: node_paths} if self.fork else {p.stem: [p] for p in node_paths}
+        """Process name -> the node configs it runs: here, one node each."""
+        return {p.stem: [p] for p in node_paths}
+
+    def cold_plan(self, node_paths: list[Path]) -> dict[str, list[Path]]:
+        """What `start` spawns when no forking parent is warm: with `fork`, one (`p2pfl forked`)
+        that forks each node's process after its one import."""
+        return {FORKED: node_paths} if self.fork else self.plan(node_paths)
 
     def addresses(self, ids: Sequence[str], coordinator: bool) -> dict[str, tuple[str, int]] | None:
         return None
@@ -130,7 +134,7 @@ class ProcessHosting:
 
         warm = take() if self.fork else None
         if warm is not None:  # started before the scenario's checks: its imports are done by now
-            return await self._hand_over(warm, out, node_paths, resume, tick)
+            return await self._hand_over(warm, out, self.plan(node_paths), resume, tick)
         folder, pids = RunFolder(out), {}  # a forking parent writes its children's pids itself
 
         def ended(node: str, code: int) -> None:
@@ -139,7 +143,7 @@ class ProcessHosting:
             if self.on_exit is not None:
                 self.on_exit(node, code)
 
-        for name, paths in self.plan(node_paths).items():
+        for name, paths in self.cold_plan(node_paths).items():
             command = FORKED if name == FORKED else "node" if len(paths) == 1 and name == paths[0].stem else "worker"
             args = [sys.executable, "-m", "p2pfl", command, *map(str, paths)] + RESUME_TOGETHER * resume
             procs[name] = await spawn(args, folder.log(name), self.torch_threads)
@@ -157,11 +161,13 @@ class ProcessHosting:
 
         return hosts, kill
 
-    async def _hand_over(self, warm: subprocess.Popen[bytes], out: Path, node_paths: list[Path], resume: bool,
+    async def _hand_over(self, warm: subprocess.Popen[bytes], out: Path, plan: dict[str, list[Path]], resume: bool,
                          tick: Callable[[], None]) -> tuple[Hosts, Callable[[], None]]:
-        """Give the warm forking parent its nodes (one JSON line on its stdin) and follow it."""
+        """Give the warm forking parent its processes to fork (one JSON line on its stdin) and follow it."""
         assert warm.stdin is not None and warm.stdout is not None
-        order = {"configs": [str(p) for p in node_paths], "resume": resume, "log": str(RunFolder(out).log(FORKED))}
+        node_paths = [p for paths in plan.values() for p in paths]
+        order = {"hosts": {name: [str(p) for p in paths] for name, paths in plan.items()}, "resume": resume,
+                 "log": str(RunFolder(out).log(FORKED))}
         warm.stdin.write(json.dumps(order).encode() + b"\n")
         warm.stdin.close()
         loop = asyncio.get_running_loop()

@@ -1,8 +1,9 @@
-"""The forking parent of `placement = "process"` (`p2pfl forked`), started before the launcher
-has checked the scenario, so that its import of torch and the node code runs beside the
-launcher's own (two cores, one import each at once, instead of one after the other).
+"""The forking parent of `placement = "process"` and `"shared"` (`p2pfl forked`), started before
+the launcher has checked the scenario, so that its import of torch and the node code runs beside
+the launcher's own (two cores, one import each at once, instead of one after the other).
 
-`p2pfl run` calls `warm_up` first thing when the scenario forks (`commands/run.py`); the hosting
+`p2pfl run` calls `warm_up` first thing when the scenario forks (`commands/run.py`), and
+`run_loaded` as it begins (`warm_up_for`) when nobody did; the hosting
 `take`s the process when its nodes' configs are written and hands them over on its stdin. A run that ends before (a wrong field, an
 interrupted check) kills it when the command returns (`discard`); it has done nothing but import.
 """
@@ -28,6 +29,15 @@ def warm_up(torch_threads: int) -> None:
     atexit.register(discard)
 
 
+def warm_up_for(placement: object, start_method: object, torch_threads: object) -> None:
+    """`warm_up` if `runtime.placement` (as read, perhaps not yet checked) forks its processes."""
+    from p2pfl.hosting import forks
+
+    if placement not in ("process", "shared") or not forks(str(start_method)):
+        return
+    warm_up(torch_threads if isinstance(torch_threads, int) and torch_threads > 0 else 1)
+
+
 def take() -> subprocess.Popen[bytes] | None:
     """The warm forking parent, once, if it is still alive."""
     global _WARM
@@ -46,4 +56,4 @@ def discard() -> None:
                 stream.close()
 
 
-__all__ = ["discard", "take", "warm_up"]
+__all__ = ["discard", "take", "warm_up", "warm_up_for"]

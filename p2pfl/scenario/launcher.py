@@ -35,7 +35,7 @@ from p2pfl.runtime.stopping import run_stoppable
 from p2pfl.runtime.tls import fingerprint as tls_fingerprint
 from p2pfl.runtime.topology import Topology
 from p2pfl.runtime.transport import addresses_of
-from p2pfl.hosting import Hosting, hosting_for
+from p2pfl.hosting import Hosting, hosting_for, warm
 from p2pfl.hosting.ports import free_ports
 from p2pfl.hosting.process import reap, spawn
 from p2pfl.scenario.deaths import Deaths
@@ -77,8 +77,7 @@ def write_run_folder(scenario: Scenario, out: Path,
     with_coordinator = uses_coordinator(scenario)
     all_ids = ids + ([COORDINATOR_ID] if with_coordinator else [])
     keys = {i: NodeKey.generate() for i in all_ids}
-    for i, key in keys.items():
-        key.save(folder.key(i))
+    NodeKey.save_all({folder.key(i): key for i, key in keys.items()})
     if addresses is None:
         addresses = dict(zip(all_ids, ((host, port) for port in free_ports(len(all_ids), host))))
     infos = {i: peer_info(scenario, i, keys[i], *addresses[i]) for i in all_ids}
@@ -269,7 +268,20 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
 def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
                quiet: bool = False, force: bool = False, resume: bool = False,
                live_view: LiveView | None = None) -> tuple[dict[str, Any], int]:
-    out = Path(out)
+    rt = scenario.runtime
+    # The processes' forking parent imports while the checks run and the run folder is written
+    # (a no-op where `p2pfl run` started it before its own checks); one nobody took goes with the
+    # call, never to a later run with this call's environment.
+    warm.warm_up_for(rt.placement, rt.start_method, rt.torch_threads)
+    try:
+        return _run_loaded(scenario, Path(out), progress=progress, timeout_s=timeout_s, quiet=quiet, force=force,
+                           resume=resume, live_view=live_view)
+    finally:
+        warm.discard()
+
+
+def _run_loaded(scenario: Scenario, out: Path, *, progress: bool, timeout_s: float | None, quiet: bool, force: bool,
+                resume: bool, live_view: LiveView | None) -> tuple[dict[str, Any], int]:
     started, started_at = time.perf_counter(), time.time()
     if scenario.runtime.transport == "loopback" and uses_coordinator(scenario):
         raise ConfigError("runtime.transport", f"{scenario.algorithm.name} runs a coordinator, which is a process of "

@@ -150,10 +150,10 @@ class RuntimeSpec:
     placement: str = setting("process", feeds=("hosting",))
     # worker processes ("shared") or actors ("ray"); 0: one per core / cluster CPU
     workers: int = setting(0, feeds=("hosting",))
-    # How "process" placement starts its node processes (multiprocessing's names): "fork" from one
-    # process that imported torch and the node's code once (a quarter of the quickstart's start-up
-    # on 2 cores; benchmarks/startup.py), "spawn" each as a fresh interpreter; "auto": fork where
-    # the platform forks safely (Linux), else spawn.
+    # How "process" placement starts its node processes, and "shared" its workers (multiprocessing's
+    # names): "fork" from one process that imported torch and the node's code once (a quarter of
+    # the quickstart's start-up on 2 cores; benchmarks/startup.py), "spawn" each as a fresh
+    # interpreter; "auto": fork where the platform forks safely (Linux), else spawn.
     start_method: str = setting("auto", feeds=("hosting",), absent="auto")
     # the Ray cluster for placement = "ray" (`ray start --head` prints it)
     ray_address: str = setting("auto", feeds=("hosting",))
