@@ -68,6 +68,18 @@ def test_save_tightens_an_existing_world_readable_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["node.key"]  # no temp file left behind
 
 
+def test_save_all_writes_each_key_as_save_does_and_names_the_first_failure(tmp_path: Path) -> None:
+    keys = {tmp_path / f"node-{i}.key": NodeKey.generate() for i in range(40)}
+    NodeKey.save_all(keys, threads=8)
+    for path, key in keys.items():
+        assert NodeKey.load(path).private_hex() == key.private_hex()
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in keys)  # no temp file left
+    with pytest.raises(FileNotFoundError, match="missing"):
+        NodeKey.save_all({tmp_path / "a.key": NodeKey.generate(), tmp_path / "missing" / "b.key": NodeKey.generate()})
+    assert (tmp_path / "a.key").is_file()
+
+
 def test_load_rejects_a_corrupt_file(tmp_path: Path) -> None:
     path = tmp_path / "node.key"
     path.write_text("not a key")
