@@ -48,7 +48,7 @@ from p2pfl.runtime.node import Node, NodeParts, RoundCallback
 from p2pfl.runtime.participation import rounds_taking_part
 from p2pfl.runtime.coordinator import Coordinator, CoordinatorParts
 from p2pfl.runtime.coordinator_half import CoordinatorEnv
-from p2pfl.runtime.devices import data_to_device, node_device, split_to_device
+from p2pfl.runtime.devices import data_to_device, node_device, seed_torch, split_to_device
 from p2pfl.runtime.resources import host_many_nodes, raise_open_file_limit, release_periodically
 from p2pfl.runtime.files import RecordAppender
 from p2pfl.runtime.run_folder import RunFolder
@@ -149,7 +149,7 @@ def assemble_node(config: NodeConfig, scenario: Scenario | None = None, *, resum
     if attack is not None:
         data = attack.training_data(data, partition.num_classes)
     data = data_to_device(data, device)
-    torch.manual_seed(sc.seed + sc.train.seed_offset)  # the same initial model on every node, as FedAvg assumes
+    seed_torch(sc.seed + sc.train.seed_offset, device)  # the same initial model on every node, as FedAvg assumes
     model = build_model(sc.model.name, partition.in_channels, partition.image_size, partition.num_classes).to(device)
     safeguard: Safeguard = MixSafeguard() if sc.algorithm.safeguard == "mix" else Safeguard()
     if sc.algorithm.safeguard == "local":  # Local's initial model and draws, without privacy: it is never shared

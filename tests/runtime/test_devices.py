@@ -185,3 +185,17 @@ def test_device_settings() -> None:
         with pytest.raises(ConfigError, match="torch.cuda.is_available\\(\\) is False") as err:
             node_device("cuda", 0)
         assert err.value.field == "device"
+
+
+def test_seeding_a_cpu_node_gives_the_initial_model_torch_manual_seed_gives() -> None:
+    from p2pfl.models import cnn
+    from p2pfl.runtime.devices import seed_torch
+
+    torch.manual_seed(7)
+    expected, state = cnn(1, 28, 10).state_dict(), torch.random.get_rng_state()
+    torch.manual_seed(0)  # anything else first
+    seed_torch(7, torch.device("cpu"))
+    got = cnn(1, 28, 10).state_dict()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name

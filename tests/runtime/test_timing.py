@@ -10,6 +10,7 @@ from p2pfl.data import Split
 from p2pfl.models import cnn
 from p2pfl.runtime.timing import PhaseClock, compute_fraction
 from p2pfl.training import LocalTrainer, TrainConfig
+from p2pfl.training import trainer as trainer_module
 
 
 def test_phase_clock_charges_the_running_phase_and_syncs_at_each_switch() -> None:
@@ -39,13 +40,35 @@ def test_compute_fraction_is_compute_phases_over_wall() -> None:
     assert compute_fraction([]) is None
 
 
-def test_warm_up_changes_neither_parameters_nor_gradients() -> None:
+def test_warm_up_changes_neither_parameters_nor_gradients(monkeypatch) -> None:
+    monkeypatch.setattr(trainer_module, "_WARMED", set())  # else a test before it may have warmed these shapes
     torch.manual_seed(0)
     model = cnn(1, 28, 10)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     split = Split(torch.rand(50, 1, 28, 28), torch.randint(0, 10, (50,)))
+    passes = []
+    model.register_forward_hook(lambda module, args, out: passes.append(args[0].shape[0]))
     LocalTrainer(TrainConfig()).warm_up(model, split, split)
+    assert passes == [32, 50]  # a training batch, then an evaluation one
     assert model.training
     assert all(p.grad is None for p in model.parameters())
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_warm_up_runs_once_a_process_for_each_set_of_shapes(monkeypatch) -> None:
+    """A worker's nodes share a few shapes: the one-off costs are the process's, paid once each."""
+    monkeypatch.setattr(trainer_module, "_WARMED", set())
+    passes = []
+
+    def node(samples: int, seed: int) -> None:
+        torch.manual_seed(seed)
+        model = cnn(1, 28, 10)
+        model.register_forward_hook(lambda module, args, out: passes.append(args[0].shape[0]))
+        split = Split(torch.rand(samples, 1, 28, 28), torch.randint(0, 10, (samples,)))
+        LocalTrainer(TrainConfig()).warm_up(model, split, split)
+
+    node(5, 0)
+    node(5, 1)  # another node of the same shapes: nothing runs
+    node(7, 2)  # other batch shapes: warmed up
+    assert passes == [5, 5, 7, 7]
