@@ -22,13 +22,30 @@ from pathlib import Path
 from typing import Any
 
 
+def dumps_readable(document: Any, indent: int = 1, levels: int = 2) -> str:
+    """JSON with its first `levels` levels a line an item (a run's results: a node a line), each
+    item below them on its line as `json.dumps` writes it, in C: `json.dumps(indent=...)`
+    encodes in Python (a 1000-node run's results.json: 0.16 s against 0.05 s)."""
+    def encode(value: Any, level: int) -> str:
+        if level >= levels or not value or not isinstance(value, (dict, list)) or \
+                (isinstance(value, dict) and not all(isinstance(k, str) for k in value)):
+            return json.dumps(value)
+        pad, end = " " * (indent * (level + 1)), " " * (indent * level)
+        if isinstance(value, dict):
+            items = [f"{pad}{json.dumps(k)}: {encode(v, level + 1)}" for k, v in value.items()]
+            return "{\n" + ",\n".join(items) + f"\n{end}}}"
+        return "[\n" + ",\n".join(pad + encode(v, level + 1) for v in value) + f"\n{end}]"
+
+    return encode(document, 0)
+
+
 def write_json_atomic(path: Path, document: Any, indent: int | None = 1) -> None:
     """`path` holds the old document or the new one, whenever the writer is killed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(document, indent=indent))
+            fh.write(json.dumps(document) if indent is None else dumps_readable(document, indent))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
