@@ -35,6 +35,7 @@ class Endpoint(HttpServer, HttpClient, Carrier):
         self._pins = {peer: pin(fp) for peer, fp in settings.pins.items()}
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
+        self.closing = False  # the server is closing: a connection accepted now is closed at once
         self._session: aiohttp.ClientSession | None = None
         self.connections: dict[asyncio.BaseTransport, GuardedProtocol] = {}  # counted under the cap, by transport
         self.handshaking: set[TlsHandshake] = set()  # TLS connections counted before their handshake ends

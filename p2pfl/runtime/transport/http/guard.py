@@ -43,6 +43,9 @@ class GuardedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         ep = self.endpoint
+        if ep.closing:  # accepted as the server closed: nobody would answer it
+            transport.close()
+            return
         if len(ep.connections) >= ep.server_limits.max_connections and not make_room(ep):
             ep.rejections.add(UNVERIFIED, 503, "too_many_connections",
                               f"connection refused: {len(ep.connections)} open, limit {ep.server_limits.max_connections}")

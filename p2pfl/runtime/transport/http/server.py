@@ -42,6 +42,7 @@ class HttpServer:
         self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=15.0, auto_decompress=False,
                                     shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
+        self.closing = False
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
@@ -52,9 +53,27 @@ class HttpServer:
         self._server = await loop.create_server(factory, host, port, reuse_address=True)
 
     async def _close_server(self: Endpoint) -> None:
+        # A status poll that came as a node closed held its poller up to the poll's timeout (the
+        # last nodes of a 1000-node run lingered 2-5 s polling neighbours that had closed), two ways:
+        # * asyncio (3.11) drops a connection accepted just before the listener closes whose
+        #   transport comes after, without closing its socket: the listener stops accepting
+        #   first, and the connections accepted get their transports (closed at once from now
+        #   on, `GuardedProtocol`) before it closes;
+        # * aiohttp's shutdown ignores a request that comes after it began, and waits out the
+        #   grace for a connection whose handler has not started: a connection with no request
+        #   in progress is closed now. The grace is for answers being sent.
+        self.closing = True
         if self._server is not None:
+            loop = asyncio.get_running_loop()
+            for sock in self._server.sockets:
+                loop.remove_reader(sock.fileno())
+            await asyncio.sleep(0)
             self._server.close()
         if self._runner is not None:
+            if self._runner.server is not None:
+                for handler in self._runner.server.connections:
+                    if not getattr(handler, "_request_in_progress", True):
+                        handler.force_close()
             await self._runner.cleanup()
         self._server, self._runner = None, None
         for connection in list(self.connections.values()):
