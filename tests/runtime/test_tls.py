@@ -27,8 +27,9 @@ def test_certificate_is_a_function_of_the_key() -> None:
 
 def test_nodes_run_over_tls_and_refuse_a_wrong_fingerprint(tmp_path: Path) -> None:
     path = write_tiny(tmp_path, nodes=3, rounds=1, samples=40, timeout=5.0, extra="")
-    # node-2 never sees node-0 up (it distrusts its certificate) and starts after start_wait_s; that
-    # wait must be well under the others' 5 s fetch timeout, or whether they get node-2's model is a race.
+    # node-2 sees node-0 up (its port takes connections) and starts; its reads of node-0 are refused
+    # (it distrusts the certificate). Were it to wait for node-0, start_wait_s must stay well under
+    # the others' 5 s fetch timeout, or whether they get node-2's model would be a race.
     nodes, _ = build_in_process(path, tmp_path / "run", overrides=("runtime.tls=true", "runtime.start_wait_s=1"))
     roster = tomllib.loads((tmp_path / "run" / "nodes" / "roster.toml").read_text())
     assert len(roster["node"]) == 3
@@ -49,10 +50,15 @@ def test_nodes_run_over_tls_and_refuse_a_wrong_fingerprint(tmp_path: Path) -> No
                     statuses[name] = type(exc).__name__
 
     async def everything() -> list:
-        runs = asyncio.gather(*(n.run() for n in nodes))
-        await asyncio.sleep(1.0)
-        await probes()
-        return await runs
+        # node-1's server alone first, probed, then closed again: the run itself may be over sooner
+        # than any sleep would guess.
+        first, config = nodes[1].transport, nodes[1].config
+        await first.start(config.host, config.port)
+        try:
+            await probes()
+        finally:
+            await first.close()
+        return await asyncio.gather(*(n.run() for n in nodes))
 
     results = asyncio.run(everything())
     by_id = {r["id"]: r for r in results}

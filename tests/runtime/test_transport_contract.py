@@ -255,10 +255,30 @@ def test_the_documented_carrier_example_passes_the_contract(tmp_path, monkeypatc
     asyncio.run(body())
 
 
+class _Presence:
+    """A carrier's presence half over given statuses (`PeerPresence`'s polling, no sockets)."""
+
+    @staticmethod
+    def make(status_of, local=lambda peer: False, readers=()):  # noqa: ANN001, ANN205
+        from p2pfl.runtime.transport import presence
+
+        class Fake(presence.PeerPresence):
+            retry_s = 0.01
+
+            async def status_of(self, peer: str, timeout: float = 2.0):  # noqa: ANN201
+                return await status_of(peer, timeout)
+
+            def answers_locally(self, peer: str) -> bool:
+                return local(peer)
+
+            def readers_so_far(self):  # noqa: ANN201
+                return readers
+
+        return Fake()
+
+
 def test_nodes_of_one_process_poll_statuses_a_bounded_number_at_a_time(monkeypatch) -> None:
     """Every carrier on one event loop (a worker's nodes) shares one gate for status polls."""
-    import types
-
     from p2pfl.runtime.transport import presence
 
     monkeypatch.setattr(presence, "STATUS_POLLS_PER_PROCESS", 3)
@@ -272,14 +292,56 @@ def test_nodes_of_one_process_poll_statuses_a_bounded_number_at_a_time(monkeypat
         in_flight -= 1
         return {"id": peer}
 
-    nodes = [types.SimpleNamespace(status_of=status_of) for _ in range(4)]
-
     async def everyone() -> list:
-        return await asyncio.gather(*(presence.PeerPresence._statuses(n, [f"p{i}" for i in range(8)], 1.0) for n in nodes))
+        nodes = [_Presence.make(status_of) for _ in range(4)]
+        return await asyncio.gather(*(n._statuses([f"p{i}" for i in range(8)], 1.0) for n in nodes))
 
     answers = asyncio.run(everyone())
     assert all(a == [{"id": f"p{i}"} for i in range(8)] for a in answers)
     assert most == 3  # 4 nodes x 8 polls (8 at once per node), at most 3 in the process
+
+
+def test_a_status_read_in_this_process_does_not_wait_behind_polls_of_another(monkeypatch) -> None:
+    """A worker's polls of a busy process hold the process's gate up to their timeout each; the
+    statuses of the nodes beside it are read at once all the same."""
+    from p2pfl.runtime.transport import presence
+
+    monkeypatch.setattr(presence, "STATUS_POLLS_PER_PROCESS", 1)
+
+    async def scenario() -> list:
+        remote_answers = asyncio.Event()
+
+        async def status_of(peer: str, timeout: float = 2.0) -> dict:
+            if peer.startswith("remote"):
+                await remote_answers.wait()
+            return {"id": peer}
+
+        node = _Presence.make(status_of, local=lambda peer: peer.startswith("beside"))
+        remote = asyncio.ensure_future(node._statuses(["remote-1"], 1.0))
+        await asyncio.sleep(0)  # the remote poll holds the process's one slot
+        beside = await asyncio.wait_for(node._statuses(["beside-1", "beside-2"], 1.0), 10)
+        remote_answers.set()
+        return [beside, await remote]
+
+    assert asyncio.run(scenario()) == [[{"id": "beside-1"}, {"id": "beside-2"}], [{"id": "remote-1"}]]
+
+
+def test_a_neighbour_that_read_from_the_node_is_up_though_its_polls_go_unanswered() -> None:
+    """A process too busy to answer a status poll in time still reads: its read shows it up."""
+    async def scenario() -> tuple[set, int]:
+        polls = 0
+
+        async def status_of(peer: str, timeout: float = 2.0) -> None:
+            nonlocal polls
+            polls += 1
+            return None  # nobody answers a poll
+
+        node = _Presence.make(status_of, readers={"busy"})
+        silent = await asyncio.wait_for(node.wait_until_up({"busy", "away"}, 0.5), 10)
+        return silent, polls
+
+    silent, polls = asyncio.run(scenario())
+    assert silent == {"away"} and polls >= 1
 
 
 def test_the_coordinators_connection_cap_grows_with_the_nodes_and_a_nodes_does_not(tmp_path) -> None:

@@ -48,7 +48,15 @@ class ColocatedEndpoint(InMemory, Endpoint):
             return await self._push_in_memory(target, **message)  # type: ignore[arg-type]
         return await Endpoint.push(self, target, **message)  # type: ignore[arg-type]
 
+    def answers_locally(self, peer: str) -> bool:
+        return self._in_memory(peer) is not None
+
     async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
         if self._in_memory(peer) is not None:
             return self._status_in_memory(peer)
         return await Endpoint.status_of(self, peer, timeout)
+
+    async def is_up(self, peer: str, timeout: float) -> bool:
+        if self._in_memory(peer) is not None:
+            return self._status_in_memory(peer) is not None
+        return await Endpoint.is_up(self, peer, timeout)

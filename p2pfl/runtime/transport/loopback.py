@@ -182,5 +182,8 @@ class LoopbackCarrier(InMemory):
         return await self._push_in_memory(target, kind=kind, part=part, round_=round_, version=version,
                                           tensors=tensors, meta=meta, timeout=timeout)
 
+    def answers_locally(self, peer: str) -> bool:
+        return True
+
     async def status_of(self, peer: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return self._status_in_memory(peer)

@@ -14,6 +14,7 @@ import aiohttp
 from yarl import URL
 
 from p2pfl.runtime.accounting import CONTROL
+from p2pfl.runtime.deadline import wait_at_most
 from p2pfl.runtime.transport.base import GOODBYE, MAX_WAIT_S
 from p2pfl.runtime.transport.http.server import CONTENT_TYPE
 from p2pfl.runtime.transport.limits import read_bounded
@@ -168,6 +169,21 @@ class HttpClient:
                 return json.loads(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
+
+    async def is_up(self: Endpoint, peer: str, timeout: float) -> bool:
+        """A peer is up once its port takes a connection (a node listens only once its worker has
+        built it): no request, so no answer to wait for. A status poll waited for one: a
+        10,000-node worker busy with round 1 answered too late, and 1400-1700 nodes of the other
+        waited the whole `runtime.start_wait_s` for it."""
+        if peer not in self.urls:
+            return False
+        url = URL(self.urls[peer])
+        try:
+            _, writer = await wait_at_most(asyncio.open_connection(url.host, url.port), timeout)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return True
 
 
 # Answers that say "not now" (the inbox's budget is taken, or the connection cap): before, a push
