@@ -19,9 +19,13 @@ the same model and local training (one epoch, batch 32, Adam 1e-3).
 
 Flower runs in its own interpreter (`--flower-python`, default this one), so that
 `flwr[simulation]` never enters p2pfl's environment: it is a dependency of this script only
-(`pip install "flwr[simulation]"` into that interpreter, beside `pip install -e .`). Printed:
-each side's median wall per round after the first, the first round, the whole wall, peak RSS
-summed over every process the side started, and the ratios p2pfl / Flower.
+(`pip install "flwr[simulation]"` into that interpreter, beside `pip install -e .`); p2pfl runs
+as `p2pfl run` (its own interpreter too). Printed: each side's wall per round (above), the first
+round, the run's wall (Flower: `run_simulation`, Ray's start included; p2pfl: as the launcher
+counts it, from its call of `run_loaded` to the results, its node processes' start and imports
+included), the whole process (each command from its start to its exit, imports included), peak
+RSS summed over every process the side started, and the ratios p2pfl / Flower. `--json FILE`
+appends each pair's figures to FILE.
 """
 
 from __future__ import annotations
@@ -125,26 +129,30 @@ print("FLOWER " + json.dumps({"rounds": rounds, "wall_s": time.perf_counter() - 
 def run_flower(python: str, overrides: list[str], fraction: float) -> dict[str, float]:
     payload = json.dumps({"scenario": str(SCENARIO), "overrides": overrides, "fraction": fraction})
     with PeakMemory() as memory:
+        began = time.perf_counter()
         done = subprocess.run([python, "-c", FLOWER_SIDE, payload], capture_output=True, text=True, cwd=ROOT)
+        process_s = time.perf_counter() - began
     lines = [line for line in done.stdout.splitlines() if line.startswith("FLOWER ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"the Flower side failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     out = json.loads(lines[-1][len("FLOWER "):])
-    return _summary(out["rounds"], out["wall_s"], memory.peak)
+    return {**_summary(out["rounds"], out["wall_s"], memory.peak), "process_s": process_s}
 
 
 def run_p2pfl(overrides: list[str], fraction: float) -> dict[str, float]:
-    from p2pfl.scenario.launcher import run_loaded
-    from p2pfl.scenario.schema import load_scenario
-
-    scenario = load_scenario(SCENARIO, [*overrides, f"runtime.participation={fraction}", 'runtime.topology="regular:4"'])
+    """`p2pfl run` as a user runs it (its own interpreter): the run's wall as the launcher counts
+    it (from its call of `run_loaded`, imports done, to the results), and the whole process."""
+    sets = [*overrides, f"runtime.participation={fraction}", 'runtime.topology="regular:4"']
     with tempfile.TemporaryDirectory() as tmp, PeakMemory() as memory:
+        out = Path(tmp) / "run"
         began = time.perf_counter()
-        results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True)
-        wall = time.perf_counter() - began
-    if code != 0:
-        failed = [n for n in results["nodes"] if n.get("status") not in ("ok", "isolated")]
-        raise SystemExit(f"the p2pfl side failed: {[(n['id'], n.get('status'), str(n.get('error'))[-600:]) for n in failed[:3]]}")
+        done = subprocess.run([sys.executable, "-m", "p2pfl", "run", str(SCENARIO), "--out", str(out), "--no-progress",
+                               *(arg for s in sets for arg in ("--set", s))], capture_output=True, text=True, cwd=ROOT)
+        process_s = time.perf_counter() - began
+        results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else None
+    if done.returncode != 0 or results is None:
+        raise SystemExit(f"the p2pfl side failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    rounds = results["scenario"]["rounds"]
     # p2pfl's rounds have no common boundary: a node goes on as soon as its neighbours' versions
     # are there, and one that sits a round out goes on at once, so rounds overlap. Its round is
     # the span of all rounds (first start to last end) over their number, its first included.
@@ -153,7 +161,8 @@ def run_p2pfl(overrides: list[str], fraction: float) -> dict[str, float]:
     first = [(s, e) for node in results["nodes"] for r in node["rounds"][:1] for s, e in
              [(r["started_at"], r["started_at"] + r["wall_s"])] if r.get("participated", True)]
     first_s = max(e for _, e in first) - min(s for s, _ in first) if first else float("nan")
-    return {"first_s": first_s, "round_s": span / scenario.rounds, "wall_s": wall, "peak_gb": memory.peak / 1e9}
+    return {"first_s": first_s, "round_s": span / rounds, "wall_s": results["summary"]["wall_s"],
+            "process_s": process_s, "peak_gb": memory.peak / 1e9}
 
 
 def _summary(rounds: list[float], wall_s: float, peak: int) -> dict[str, float]:
@@ -170,6 +179,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model.name for both sides (default: the scenario's cnn)")
     parser.add_argument("--flower-python", default=sys.executable, help="the interpreter with flwr[simulation]")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", help="append this pair's figures to this JSON-lines file")
     args = parser.parse_args()
     # Both sides, and the node workers p2pfl starts, import `flower_net` from this folder.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent),
@@ -181,11 +191,17 @@ def main() -> None:
           f"model {args.model or 'cnn'}", flush=True)
     flower = run_flower(args.flower_python, overrides, args.fraction)
     ours = run_p2pfl(overrides, args.fraction)
-    print(f"{'':<8}{'first round s':>15}{'s / round':>11}{'wall s':>9}{'peak GB':>9}")
+    print(f"{'':<8}{'first round s':>15}{'s / round':>11}{'wall s':>9}{'process s':>11}{'peak GB':>9}")
     for name, m in (("Flower", flower), ("p2pfl", ours)):
-        print(f"{name:<8}{m['first_s']:>15.1f}{m['round_s']:>11.1f}{m['wall_s']:>9.1f}{m['peak_gb']:>9.2f}")
+        print(f"{name:<8}{m['first_s']:>15.1f}{m['round_s']:>11.1f}{m['wall_s']:>9.1f}{m['process_s']:>11.1f}"
+              f"{m['peak_gb']:>9.2f}")
     print(f"p2pfl / Flower: {ours['round_s'] / flower['round_s']:.2f}x per round, "
-          f"{ours['peak_gb'] / flower['peak_gb']:.2f}x peak memory")
+          f"{ours['wall_s'] / flower['wall_s']:.2f}x the run, {ours['process_s'] / flower['process_s']:.2f}x the "
+          f"process, {ours['peak_gb'] / flower['peak_gb']:.2f}x peak memory")
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps({"clients": args.clients, "fraction": args.fraction, "rounds": args.rounds,
+                                 "model": args.model or "cnn", "flower": flower, "p2pfl": ours}) + "\n")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ whose total passes `--limit-gb` is stopped by its own pids (SIGTERM to each, SIG
 left 10 s later), so that it cannot take the machine down, and its row says so with how far it
 got. Per size: start-up (launch to the moment the last node began round 1), the first round
 (launch to the moment the last node finished it), s per round (the slowest node's mean round),
-the peak GB, and the nodes that ended ok; the rows also keep when the first and the median node
-began round 1. The rows go to `--json`
+the peak GB (summed RSS), and the nodes that ended ok; the rows also keep when the first and the
+median node began round 1, and the peak summed PSS (`peak_pss_gb`: pages the processes share,
+the forking parent's imports, counted once). The rows go to `--json`
 (from which `--from` draws the figure again without running anything).
 """
 
@@ -41,6 +42,7 @@ from typing import Any
 
 from scale import (  # benchmarks/ is not a package: run from it, as a script
     _descendants,
+    _pss_bytes,
     _rss_bytes,
 )
 
@@ -82,18 +84,19 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
                    *(arg for o in overrides for arg in ("--set", o))]
         launched = time.time()
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        peak, stopped_at = 0, None
+        peak, peak_pss, stopped_at = 0, 0, None
         while process.poll() is None:
             pids = [process.pid, *_descendants(process.pid)]
             total = sum(_rss_bytes(p) for p in pids)
-            peak = max(peak, total)
+            peak, peak_pss = max(peak, total), max(peak_pss, sum(_pss_bytes(p) for p in pids))
             if total > limit_bytes:
                 stopped_at = total
                 stop(pids)
                 break
             time.sleep(SAMPLE_EVERY_S)
         _, err = process.communicate()
-        row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "wall_s": time.time() - launched}
+        row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "peak_pss_gb": peak_pss / 1e9,
+                               "wall_s": time.time() - launched}
         if stopped_at is not None:
             row.update(stopped=f"stopped at {stopped_at / 1e9:.1f} GB, over the limit of {limit_bytes / 1e9:g} GB",
                        **progress(run))

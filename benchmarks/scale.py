@@ -56,18 +56,34 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
+def _pss_bytes(pid: int) -> int:
+    """The process's proportional set size: each page it shares counted once over its sharers (a
+    forked worker shares its parent's imports: summed RSS counts them once a process)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 class PeakMemory:
-    """Samples the summed RSS of this process's descendants until stopped."""
+    """Samples the summed RSS of this process's descendants until stopped (`peak`), and their
+    summed PSS (`peak_pss`: what they take from the machine, shared pages counted once)."""
 
     def __init__(self, every_s: float = 0.2) -> None:
         self.every_s = every_s
-        self.peak = 0
+        self.peak = self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, sum(_rss_bytes(p) for p in _descendants(os.getpid())))
+            pids = _descendants(os.getpid())
+            self.peak = max(self.peak, sum(_rss_bytes(p) for p in pids))
+            self.peak_pss = max(self.peak_pss, sum(_pss_bytes(p) for p in pids))
             self._stop.wait(self.every_s)
 
     def __enter__(self) -> PeakMemory:
