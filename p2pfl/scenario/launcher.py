@@ -268,11 +268,8 @@ def existing_run_folder(scenario: Scenario, out: Path) -> tuple[list[Path], Path
 def run_loaded(scenario: Scenario, out: str | Path, *, progress: bool = True, timeout_s: float | None = None,
                quiet: bool = False, force: bool = False, resume: bool = False,
                live_view: LiveView | None = None) -> tuple[dict[str, Any], int]:
-    rt = scenario.runtime
-    # The processes' forking parent imports while the checks run and the run folder is written
-    # (a no-op where `p2pfl run` started it before its own checks); one nobody took goes with the
-    # call, never to a later run with this call's environment.
-    warm.warm_up_for(rt.placement, rt.start_method, rt.torch_threads)
+    # A forking parent nobody took (`p2pfl run` starts one before its checks) goes with the call,
+    # never to a later run with this call's environment.
     try:
         return _run_loaded(scenario, Path(out), progress=progress, timeout_s=timeout_s, quiet=quiet, force=force,
                            resume=resume, live_view=live_view)
@@ -302,6 +299,9 @@ def _run_loaded(scenario: Scenario, out: Path, *, progress: bool, timeout_s: flo
     else:
         claim_out(out, force)
     rt = scenario.runtime
+    # Checked: the processes' forking parent imports while the run folder is written (a no-op
+    # where `p2pfl run` started it before its own checks).
+    warm.warm_up_for(rt.placement, rt.start_method, rt.torch_threads)
     try:
         hosting = hosting_for(rt.placement, workers=rt.workers, torch_threads=rt.torch_threads,
                               start_method=rt.start_method,
