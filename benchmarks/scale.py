@@ -45,28 +45,26 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _rss_bytes(pid: int) -> int:
+def _proc_bytes(pid: int, file: str, field: str) -> int:
+    """A size in kB from /proc/PID/FILE's line that starts with FIELD, in bytes; 0 if gone."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
+        with open(f"/proc/{pid}/{file}") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def _rss_bytes(pid: int) -> int:
+    return _proc_bytes(pid, "status", "VmRSS:")
 
 
 def _pss_bytes(pid: int) -> int:
     """The process's proportional set size: each page it shares counted once over its sharers (a
     forked worker shares its parent's imports: summed RSS counts them once a process)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_bytes(pid, "smaps_rollup", "Pss:")
 
 
 class PeakMemory:
