@@ -42,8 +42,8 @@ class PeerPresence:
         return False
 
     async def is_up(self, peer: str, timeout: float) -> bool:
-        """Whether `peer` is up: it answers a status poll (a carrier that can tell also counts a
-        peer that took the poll's connection but was too busy to answer it in time)."""
+        """Whether `peer` is up: here, it answers a status poll; over HTTP, its port takes a
+        connection (`HttpClient.is_up`: a process too busy to answer in time is up all the same)."""
         return await self.status_of(peer, timeout=timeout) is not None
 
     async def _statuses(self, peers: list[str], timeout: float) -> list[dict[str, Any] | None]:
