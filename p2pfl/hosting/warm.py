@@ -3,9 +3,10 @@ the launcher has checked the scenario, so that its import of torch and the node 
 the launcher's own (two cores, one import each at once, instead of one after the other).
 
 `p2pfl run` calls `warm_up` first thing when the scenario forks (`commands/run.py`), and
-`run_loaded` as it begins (`warm_up_for`) when nobody did; the hosting
-`take`s the process when its nodes' configs are written and hands them over on its stdin. A run that ends before (a wrong field, an
-interrupted check) kills it when the command returns (`discard`); it has done nothing but import.
+`run_loaded` once the run has passed its checks (`warm_up_for`) when nobody did; the hosting
+`take`s the process when its nodes' configs are written and hands them over on its stdin. A run
+that ends before (a wrong field, an interrupted check) kills it when the command returns
+(`discard`); it has done nothing but import.
 """
 
 from __future__ import annotations

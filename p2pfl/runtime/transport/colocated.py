@@ -57,6 +57,6 @@ class ColocatedEndpoint(InMemory, Endpoint):
         return await Endpoint.status_of(self, peer, timeout)
 
     async def is_up(self, peer: str, timeout: float) -> bool:
-        if self._in_memory(peer) is not None:
+        if self.answers_locally(peer):
             return self._status_in_memory(peer) is not None
         return await Endpoint.is_up(self, peer, timeout)
