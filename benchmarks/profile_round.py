@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
+import json
 import subprocess
 import sys
 import tempfile
@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from scale import _descendants  # noqa: E402  (benchmarks/ is not a package)
+from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.scenario.launcher import run_loaded
 from p2pfl.scenario.schema import load_scenario
 
@@ -40,17 +40,13 @@ PHASES = (("checkpoint", ("write_swapped", "save_checkpoint", "write_checkpoint"
           ("start-up", ("assemble_node", "warm_up", "build_partition", "load_node_config", "load_scenario", "_find_and_load")))
 
 
-def _workers(root: int) -> list[int]:
-    """`root`'s descendants whose command line runs `p2pfl worker` (the shared placement's processes)."""
-    found = []
-    for pid in _descendants(root):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"worker" in cmd and any(part.endswith(b"p2pfl") for part in cmd):
-            found.append(pid)
-    return found
+def _workers(run: Path) -> list[int]:
+    """The shared placement's worker processes, from the run folder's pids.json (node -> its
+    process) once the forking parent wrote it: forked, they carry the parent's command line."""
+    try:
+        return sorted(set(json.loads(RunFolder(run).pids.read_text()).values()))
+    except (OSError, ValueError):  # not written yet, or replaced as we read
+        return []
 
 
 def main() -> None:
@@ -72,7 +68,7 @@ def main() -> None:
         def attach() -> None:  # each worker from the moment it exists
             seen: set[int] = set()
             while not done.is_set():
-                for pid in _workers(os.getpid()):
+                for pid in _workers(Path(tmp) / "run"):
                     if pid not in seen:
                         seen.add(pid)
                         out = Path(tmp) / f"{pid}.txt"

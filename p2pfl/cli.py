@@ -58,6 +58,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Read from this process's own command line, the process is the command's alone: `p2pfl run`
+    # may fork its nodes' parent from it (`p2pfl.hosting.warm`); a caller's process (a test, a
+    # script calling `main([...])`) is left as it is.
+    args.own_process = argv is None
     os.umask(os.umask(0) | NEVER_WRITABLE_BY_OTHERS)  # a stricter umask is kept
     _user_modules_from_here()
     if getattr(args, "log_level", None):

@@ -96,6 +96,12 @@ def _forked(args: argparse.Namespace) -> int:
     return run_forked({p.stem: [p] for p in args.configs}, host)
 
 
+def forking_parent() -> int:
+    """`p2pfl forked --wait`, in a process forked from `p2pfl run`'s (`p2pfl.hosting.warm`)."""
+    return exit_status(_forked, argparse.Namespace(command="forked", wait=True, configs=[], resume=False,
+                                                   together=False))
+
+
 def _coordinator(args: argparse.Namespace) -> int:
     from p2pfl.assembly import run_coordinator
     from p2pfl.runtime.config import load_node_config

@@ -48,9 +48,11 @@ def resume_hint(args: argparse.Namespace) -> str:
             "(with the scenario the run started with: no --set again)")
 
 
-def warm_up_for(scenario: Path, overrides: Sequence[str]) -> None:
+def warm_up_for(scenario: Path, overrides: Sequence[str], own_process: bool) -> None:
     """Start the forking parent if the scenario, as its fields read torch-free, places its nodes
-    in forked processes; a scenario that cannot be read is left to the launcher's checks."""
+    in forked processes; a scenario that cannot be read is left to the launcher's checks. In a
+    process of its own, the parent is forked from this one once the launcher is imported: one copy
+    of torch and the node code for the launcher, the parent and the nodes (`p2pfl.hosting.warm`)."""
     from p2pfl.hosting import warm
     from p2pfl.scenario.schema import apply_overrides, read_raw
 
@@ -58,9 +60,14 @@ def warm_up_for(scenario: Path, overrides: Sequence[str]) -> None:
         runtime = apply_overrides(read_raw(scenario), overrides).get("runtime", {})
     except (ConfigError, OSError, ValueError):
         return
-    if isinstance(runtime, dict):
-        warm.warm_up_for(runtime.get("placement", "process"), runtime.get("start_method", "auto"),
-                         runtime.get("torch_threads", 1))
+    if not isinstance(runtime, dict):
+        return
+    entry = None
+    if own_process:
+        import p2pfl.scenario.launcher  # noqa: F401  (before the fork: then shared, not imported twice)
+        from p2pfl.commands.nodes import forking_parent as entry
+    warm.warm_up_for(runtime.get("placement", "process"), runtime.get("start_method", "auto"),
+                     runtime.get("torch_threads", 1), entry)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -73,7 +80,6 @@ def handle(args: argparse.Namespace) -> int:
         from p2pfl.audit.command import audit_override
 
         overrides.append(audit_override(args.scenario, overrides, args.audit))
-    warm_up_for(args.scenario, overrides)  # the node processes' parent imports while the fields are checked
     try:
         return _checked_and_run(args, overrides)
     finally:
@@ -87,6 +93,8 @@ def handle(args: argparse.Namespace) -> int:
 
 def _checked_and_run(args: argparse.Namespace, overrides: list[str]) -> int:
     fields_first(args.scenario, overrides)
+    # The node processes' parent imports what nodes import while the launcher checks the rest.
+    warm_up_for(args.scenario, overrides, getattr(args, "own_process", False))
     from p2pfl.scenario.launcher import all_of, run_scenario
 
     views = []

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .cache import cache_dir, clear_cache
     from .digits import DOMAIN_SIZES, data_fingerprint, load_domain, load_mnist
     from .local import load_cifar, load_fashion_mnist, load_idx, read_idx
-    from .partition import build_partition, prepare
+    from .partition import build_partition, prepare, read_ahead, release_loaded
     from .show import show
     from .spec import DATASETS, DIGIT_DOMAINS, PARTITIONS, DataSpec, validate_num_nodes
     from .types import NodeData, Partition, Split
@@ -28,7 +28,7 @@ _HOMES = {
     "cache": ("cache_dir", "clear_cache"),
     "digits": ("DOMAIN_SIZES", "data_fingerprint", "load_domain", "load_mnist"),
     "local": ("load_cifar", "load_fashion_mnist", "load_idx", "read_idx"),
-    "partition": ("build_partition", "prepare"),
+    "partition": ("build_partition", "prepare", "read_ahead", "release_loaded"),
     "show": ("show",),
     "spec": ("DATASETS", "DIGIT_DOMAINS", "PARTITIONS", "DataSpec", "validate_num_nodes"),
     "types": ("NodeData", "Partition", "Split"),
@@ -64,7 +64,9 @@ __all__ = [
     "load_idx",
     "load_mnist",
     "prepare",
+    "read_ahead",
     "read_idx",
+    "release_loaded",
     "show",
     "validate_num_nodes",
 ]

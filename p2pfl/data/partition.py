@@ -442,6 +442,20 @@ def _assignment(spec: DataSpec, num_nodes: int, seed: int) -> tuple[dict, list[d
     return a, node_ground_truth(spec, pool, a)
 
 
+def read_ahead(spec: DataSpec, num_nodes: int, seed: int) -> None:
+    """Read the data set and make its assignment now, into this process's caches, running no torch
+    operation: a forking parent calls it so that its children take their nodes' slices from one
+    copy, shared copy-on-write (the arrays are read-only), instead of each reading its own."""
+    _assignment(spec, num_nodes, seed)
+
+
+def release_loaded() -> None:
+    """Forget the data sets and assignments this process read (`load_pool`'s and `build_partition`'s
+    caches): for a process that checked a partition but hosts no node, such as the launcher."""
+    _pool.cache_clear()
+    _assignment.cache_clear()
+
+
 def build_partition(
     spec: DataSpec, num_nodes: int, seed: int, *, only: Collection[int] | None = None
 ) -> Partition:

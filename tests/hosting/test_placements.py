@@ -132,6 +132,53 @@ def test_p2pfl_run_hands_its_nodes_to_the_parent_it_warmed_up_during_the_checks(
     assert idle.returncode == 0 and b"Traceback" not in err
 
 
+_FORK_HERE = """
+import os, sys, threading
+from p2pfl.hosting import warm
+
+def entry():
+    order = sys.stdin.readline().strip()
+    print(os.getppid(), order.upper(), os.environ["OMP_NUM_THREADS"], flush=True)
+    return 3
+
+warm.warm_up(2, entry)
+proc = warm.take()
+print(type(proc).__name__, flush=True)
+proc.stdin.write(b"order\\n")
+proc.stdin.close()
+print(proc.stdout.read().decode().strip(), proc.wait(), os.getpid(), flush=True)
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # a second thread: no fork here
+warm.warm_up(1, entry)
+print(type(warm.take()).__name__, flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform cannot fork")
+def test_the_forking_parent_is_forked_from_a_process_that_runs_nothing_else() -> None:
+    """`p2pfl run`'s own process forks the parent from itself (torch and the node code one copy,
+    shared): the entry runs in a child of it, reads its order from the pipe, writes its lines to
+    the other, and its exit status is the entry's. With another thread running (a caller's process),
+    a fresh `p2pfl forked --wait` is started instead: a fork copies only the calling thread."""
+    done = subprocess.run([sys.executable, "-c", _FORK_HERE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    kind, line, fallback = done.stdout.strip().splitlines()
+    parent, order, threads, code, launcher = line.split()
+    assert (kind, fallback) == ("ForkedHere", "Popen")
+    assert parent == launcher and order == "ORDER" and threads == "2" and code == "3"
+
+
+def test_the_launcher_lets_the_data_go_once_checked(tmp_path: Path) -> None:
+    """Its nodes live in other processes: the launcher keeps the partition's truth for the results,
+    not the data set (90 MB with Fashion-MNIST, all the run long)."""
+    from p2pfl.data import partition
+
+    scenario = write_tiny(tmp_path, nodes=3, rounds=1, samples=40)
+    results, code = run_scenario(scenario, tmp_path / "run", progress=False, quiet=True)
+    assert code == 0
+    assert partition._pool.cache_info().currsize == 0 and partition._assignment.cache_info().currsize == 0
+    assert [n["n_train"] for n in results["ground_truth"]["nodes"]] == [n["n_train"] for n in results["nodes"]]
+
+
 def test_an_unknown_start_method_is_named(tmp_path: Path) -> None:
     scenario = write_tiny(tmp_path, nodes=2, rounds=1)
     with pytest.raises(ConfigError, match=r"runtime.start_method.*'fork', 'spawn'"):
