@@ -4,7 +4,7 @@
 
 Runs `p2pfl run scenarios/scale.toml --set nodes=N --set runtime.topology="regular:4"` (plus any
 `--set`) with the steps below wrapped in each worker process (a `sitecustomize` on PYTHONPATH
-that only worker processes act on), and prints per step its calls, the CPU time of the thread that
+that the launcher and spawned workers act on; forked workers inherit it), and prints per step its calls, the CPU time of the thread that
 ran it (`time.thread_time`: the step's own work, page faults included, not the threads it waited
 for), microseconds a call and milliseconds a node-round. The workers' whole CPU (start-up
 included) is printed beside them, and the run's slowest mean round as `benchmarks/scale.py`
@@ -40,7 +40,7 @@ STEPS: list[tuple[str, str, bool]] = [
     ("p2pfl.algorithms.fedavg", "FedAvg.fold", False),
     ("p2pfl.algorithms.fedavg", "FedAvg.aggregate", False),
     ("p2pfl.runtime.node.round", "Round.refuse_non_finite", False),
-    ("p2pfl.runtime.run_folder", "RecordAppender.append", False),
+    ("p2pfl.runtime.files", "RecordAppender.append", False),
     ("p2pfl.wire.keys", "NodeKey.sign", True),
     ("p2pfl.wire.keys", "Roster.verify", True),
     ("p2pfl.wire.body", "encode_body", True),
@@ -51,7 +51,9 @@ STEPS: list[tuple[str, str, bool]] = [
 
 SITECUSTOMIZE = '''
 import atexit, functools, importlib, json, os, sys, time
-if "worker" in sys.argv[:3]:  # `python -m p2pfl worker ...`: not the launcher
+# `python -m p2pfl worker ...` (spawned), or `p2pfl run ...`, whose forking parent and workers are
+# forked from it: wrapped there, before the fork, and each forked worker tallies its own steps.
+if "worker" in sys.argv[:3] or "run" in sys.argv[:3]:
     _tally = {}
     def _wrap(module, path):
         owner = importlib.import_module(module)
@@ -75,10 +77,21 @@ if "worker" in sys.argv[:3]:  # `python -m p2pfl worker ...`: not the launcher
                     setattr(loaded, name, timed)
     for _module, _path in STEPS:
         _wrap(_module, _path)
-    @atexit.register
     def _dump():
         with open(os.path.join(OUT, f"{os.getpid()}.json"), "w") as fh:
             json.dump({"steps": _tally, "cpu_s": time.process_time()}, fh)
+    if "worker" in sys.argv[:3]:
+        atexit.register(_dump)
+    else:  # a forked child ends with os._exit, past atexit: its host's entry dumps its tally
+        import p2pfl.forked
+        _child = p2pfl.forked._child
+        def _tallied_child(*args, **kwargs):
+            _tally.clear()  # the launcher's, copied by the fork
+            try:
+                return _child(*args, **kwargs)
+            finally:
+                _dump()
+        p2pfl.forked._child = _tallied_child
 '''
 
 

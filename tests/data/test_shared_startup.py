@@ -63,3 +63,22 @@ def test_nodes_of_one_worker_and_of_their_own_process_get_the_same_slice_and_nei
     graph = topology.graph(sc.nodes, sc.seed)
     assert [sorted(graph.neighbors(i)) for i in range(sc.nodes)] == topology.neighbours(sc.nodes, sc.seed)
     assert torch.equal(torch.tensor(in_worker[5][0]), torch.tensor(pool.y[fresh["nodes"][5][0]]))
+
+
+def test_read_ahead_leaves_a_forking_parent_the_data_its_children_take_their_slices_from() -> None:
+    """`read_ahead` (the forking parent, before its forks) reads the pool and makes the assignment;
+    a node built after it reads nothing again and gets the slice built from scratch. The launcher's
+    `release_loaded` forgets both."""
+    from p2pfl.data import read_ahead, release_loaded
+    from p2pfl.data.partition import _pool
+
+    sc = load_scenario(*SCENARIO)
+    fresh = build_partition(sc.data, sc.nodes, sc.seed, only=[7]).node(7)
+    release_loaded()
+    assert _pool.cache_info().currsize == 0 and _assignment.cache_info().currsize == 0
+    read_ahead(sc.data, sc.nodes, sc.seed)
+    pools, assignments = _pool.cache_info(), _assignment.cache_info()
+    assert pools.currsize == 1 and assignments.currsize == 1
+    node = build_partition(sc.data, sc.nodes, sc.seed, only=[7]).node(7)
+    assert _pool.cache_info().misses == pools.misses and _assignment.cache_info().misses == assignments.misses
+    assert torch.equal(node.train.x, fresh.train.x) and torch.equal(node.test.y, fresh.test.y)
