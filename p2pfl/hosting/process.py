@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p2pfl.hosting import FORKED, RESUME_TOGETHER, Hosts, Progress, node_env, tie_to_parent
-from p2pfl.hosting.warm import take
+from p2pfl.hosting.warm import Warm, take
 from p2pfl.runtime.run_folder import RunFolder
 from p2pfl.runtime.status import EXIT_PREFIX, PROGRESS_PREFIX
 
@@ -161,7 +160,7 @@ class ProcessHosting:
 
         return hosts, kill
 
-    async def _hand_over(self, warm: subprocess.Popen[bytes], out: Path, plan: dict[str, list[Path]], resume: bool,
+    async def _hand_over(self, warm: Warm, out: Path, plan: dict[str, list[Path]], resume: bool,
                          tick: Callable[[], None]) -> tuple[Hosts, Callable[[], None]]:
         """Give the warm forking parent its processes to fork (one JSON line on its stdin) and follow it."""
         assert warm.stdin is not None and warm.stdout is not None

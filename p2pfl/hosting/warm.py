@@ -15,6 +15,8 @@ when the command returns (`discard`); it has done nothing but import.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -28,28 +30,34 @@ from p2pfl.hosting import FORKED, node_env, tie_to_parent
 
 
 class ForkedHere:
-    """The forking parent forked from this process: what the hosting uses of a `Popen`."""
+    """The forking parent forked from this process: what the hosting uses of a `Popen`. Only
+    `poll` reaps it, under a lock: the hosting waits for it on a thread while a stop polls it."""
 
     def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
         self.pid, self.stdin, self.stdout = pid, stdin, stdout
         self.returncode: int | None = None
+        self._reaping = threading.Lock()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        with self._reaping:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
 
     def wait(self) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        while (code := self.poll()) is None:
+            try:
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)  # until it can be reaped; not reaped
+            except ChildProcessError:  # a poll on another thread reaped it meanwhile
+                pass
+        return code
 
     def kill(self) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # ended and reaped since
+                os.kill(self.pid, signal.SIGKILL)
 
 
 Warm = subprocess.Popen[bytes] | ForkedHere
@@ -62,6 +70,9 @@ def _fork_here(torch_threads: int, entry: Callable[[], int]) -> ForkedHere:
     lines_read, lines_write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    # Out of both processes' collections from now on, the imported objects' pages stay shared
+    # instead of being copied where a collection walks them.
+    gc.freeze()
     pid = os.fork()
     if pid == 0:
         code = 1

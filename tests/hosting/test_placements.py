@@ -147,6 +147,13 @@ print(type(proc).__name__, flush=True)
 proc.stdin.write(b"order\\n")
 proc.stdin.close()
 print(proc.stdout.read().decode().strip(), proc.wait(), os.getpid(), flush=True)
+warm.warm_up(1, lambda: len(sys.stdin.read()))  # waits for its input: stopped instead
+proc, codes = warm.take(), []
+waiter = threading.Thread(target=lambda: codes.append(proc.wait()))
+waiter.start()
+proc.kill()
+waiter.join()
+print(codes[0], proc.poll(), flush=True)
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # a second thread: no fork here
 warm.warm_up(1, entry)
 print(type(warm.take()).__name__, flush=True)
@@ -157,14 +164,16 @@ print(type(warm.take()).__name__, flush=True)
 def test_the_forking_parent_is_forked_from_a_process_that_runs_nothing_else() -> None:
     """`p2pfl run`'s own process forks the parent from itself (torch and the node code one copy,
     shared): the entry runs in a child of it, reads its order from the pipe, writes its lines to
-    the other, and its exit status is the entry's. With another thread running (a caller's process),
-    a fresh `p2pfl forked --wait` is started instead: a fork copies only the calling thread."""
+    the other, and its exit status is the entry's; a kill ends a wait on another thread. With
+    another thread running (a caller's process), a fresh `p2pfl forked --wait` is started
+    instead: a fork copies only the calling thread."""
     done = subprocess.run([sys.executable, "-c", _FORK_HERE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    kind, line, fallback = done.stdout.strip().splitlines()
+    kind, line, killed, fallback = done.stdout.strip().splitlines()
     parent, order, threads, code, launcher = line.split()
     assert (kind, fallback) == ("ForkedHere", "Popen")
     assert parent == launcher and order == "ORDER" and threads == "2" and code == "3"
+    assert killed.split() == ["-9", "-9"]  # waited for on one thread, killed from another
 
 
 def test_the_launcher_lets_the_data_go_once_checked(tmp_path: Path) -> None:
