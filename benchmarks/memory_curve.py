@@ -22,7 +22,9 @@ got. Per size: start-up (launch to the moment the last node began round 1), the 
 (launch to the moment the last node finished it), s per round (the slowest node's mean round),
 the peak GB (summed RSS), and the nodes that ended ok; the rows also keep when the first and the
 median node began round 1, and the peak summed PSS (`peak_pss_gb`: pages the processes share,
-the forking parent's imports, counted once). The rows go to `--json`
+the forking parent's imports, counted once) with each process's share at that moment
+(`at_peak`: the launcher, the forking parent and each worker, by PSS, USS, the pages no other
+process maps, and anonymous memory, from /proc/PID/smaps_rollup). The rows go to `--json`
 (from which `--from` draws the figure again without running anything).
 """
 
@@ -42,7 +44,6 @@ from typing import Any
 
 from scale import (  # benchmarks/ is not a package: run from it, as a script
     _descendants,
-    _pss_bytes,
     _rss_bytes,
 )
 
@@ -69,6 +70,26 @@ def stop(pids: list[int]) -> None:
             pass
 
 
+def _rollup(pid: int) -> dict[str, int]:
+    """PSS, USS (private pages) and anonymous memory of `pid` in bytes; {} if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            kb = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in fh) if v.strip().endswith("kB")}
+    except OSError:
+        return {}
+    return {"pss": kb.get("Pss", 0) * 1024, "uss": (kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) * 1024,
+            "anon": kb.get("Anonymous", 0) * 1024}
+
+
+def _roles(launcher: int, run: Path) -> dict[int, str]:
+    """pid -> what it is: the launcher, a worker (a process RUN/pids.json names) or the forking parent."""
+    try:
+        workers = sorted(set(json.loads((run / "pids.json").read_text()).values()))
+    except (OSError, ValueError):
+        workers = []
+    return {launcher: "launcher", **{pid: f"worker-{i}" for i, pid in enumerate(workers)}}
+
+
 def progress(run: Path) -> dict[str, int]:
     """How far a run got: nodes that recorded a round, and the rounds recorded over all nodes."""
     files = list((run / "nodes").glob("*.rounds.jsonl"))
@@ -84,11 +105,17 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
                    *(arg for o in overrides for arg in ("--set", o))]
         launched = time.time()
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        peak, peak_pss, stopped_at = 0, 0, None
+        peak, peak_pss, stopped_at, at_peak = 0, 0, None, []
         while process.poll() is None:
             pids = [process.pid, *_descendants(process.pid)]
             total = sum(_rss_bytes(p) for p in pids)
-            peak, peak_pss = max(peak, total), max(peak_pss, sum(_pss_bytes(p) for p in pids))
+            rollups = {p: _rollup(p) for p in pids}
+            pss = sum(r.get("pss", 0) for r in rollups.values())
+            if pss > peak_pss:
+                roles = _roles(process.pid, run)
+                at_peak = [{"process": roles.get(p, "forking parent"), **{k: v / 1e6 for k, v in r.items()}}
+                           for p, r in rollups.items() if r]
+            peak, peak_pss = max(peak, total), max(peak_pss, pss)
             if total > limit_bytes:
                 stopped_at = total
                 stop(pids)
@@ -96,7 +123,7 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
             time.sleep(SAMPLE_EVERY_S)
         _, err = process.communicate()
         row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "peak_pss_gb": peak_pss / 1e9,
-                               "wall_s": time.time() - launched}
+                               "wall_s": time.time() - launched, "at_peak": at_peak}
         if stopped_at is not None:
             row.update(stopped=f"stopped at {stopped_at / 1e9:.1f} GB, over the limit of {limit_bytes / 1e9:g} GB",
                        **progress(run))
@@ -176,6 +203,9 @@ def main() -> None:
             first = f"{r['first_round_s']:.1f}" if "first_round_s" in r else "-"  # rows written before it was kept
             print(f"{r['nodes']:>6}{r['startup_s']:>12.1f}{first:>14}{r['round_s']:>11.1f}{r['peak_gb']:>9.2f}"
                   f"{r['mib_per_node']:>12.2f}{r['nodes_ok']:>7}")
+        for share in r.get("at_peak", []):  # rows written before it was kept have none
+            print(f"{'':>6}  at the PSS peak, {share['process']}: PSS {share['pss']:.0f} MB, USS {share['uss']:.0f} MB, "
+                  f"anonymous {share['anon']:.0f} MB")
     if args.figure is not None:
         print(f"figure: {figure(rows, limit_gb, args.figure)}")
 
