@@ -73,6 +73,7 @@ def _fork_here(torch_threads: int, entry: Callable[[], int]) -> ForkedHere:
     # Out of both processes' collections from now on, the imported objects' pages stay shared
     # instead of being copied where a collection walks them.
     gc.freeze()
+    launcher = os.getpid()
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -91,7 +92,8 @@ def _fork_here(torch_threads: int, entry: Callable[[], int]) -> ForkedHere:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's raises in its own code
             if sys.platform.startswith("linux"):
                 tie_to_parent()
-            code = entry()
+            if os.getppid() == launcher:  # else the launcher died before the tie: nothing to wait for
+                code = entry()
         except BaseException:  # noqa: BLE001  (never return into the launcher's code)
             traceback.print_exc()
         finally:
