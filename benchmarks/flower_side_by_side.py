@@ -15,7 +15,10 @@ the same model and local training (one epoch, batch 32, Adam 1e-3).
   their neighbours. Its rounds overlap (a node goes on once its neighbours' versions are
   there, and one that sits a round out goes on at once), so its wall per round is the span of
   all its rounds over their number, the first included; Flower's is the median time from one
-  round's start to the next after the first (which includes Ray's start).
+  round's start to the next after the first (which includes Ray's start). Its round's start
+  model waits in memory, the runtime's default (`runtime.round_start`; scale.toml puts it on
+  disk for 5000 nodes and more, where it saves 1.4-1.7 GB): `--set 'runtime.round_start="disk"'`
+  measures the scenario as written.
 
 Flower runs in its own interpreter (`--flower-python`, default this one), so that
 `flwr[simulation]` never enters p2pfl's environment: it is a dependency of this script only
@@ -139,10 +142,15 @@ def run_flower(python: str, overrides: list[str], fraction: float) -> dict[str, 
     return {**_summary(out["rounds"], out["wall_s"], memory.peak), "process_s": process_s}
 
 
+# The runtime's default, where scale.toml keeps the round's start model on disk for the curve to
+# 10,000 nodes (1.4-1.7 GB less there, 0.3-1.0 s a round more at 1000 nodes); a --set overrides it.
+ROUND_START = 'runtime.round_start="memory"'
+
+
 def run_p2pfl(overrides: list[str], fraction: float) -> dict[str, float]:
     """`p2pfl run` as a user runs it (its own interpreter): the run's wall as the launcher counts
     it (from its call of `run_loaded`, imports done, to the results), and the whole process."""
-    sets = [*overrides, f"runtime.participation={fraction}", 'runtime.topology="regular:4"']
+    sets = [ROUND_START, *overrides, f"runtime.participation={fraction}", 'runtime.topology="regular:4"']
     with tempfile.TemporaryDirectory() as tmp, PeakMemory() as memory:
         out = Path(tmp) / "run"
         began = time.perf_counter()
