@@ -35,9 +35,12 @@ from p2pfl.scenario.schema import Scenario, load_scenario
 
 
 def compute_floor(scenario: Scenario, folder: Path) -> tuple[float, dict[str, float]]:
-    """Seconds of fit + evaluate + aggregate for all nodes and rounds, run back to back."""
+    """Seconds of fit + evaluate + aggregate for all nodes and rounds, run back to back; `spent`
+    also has the seconds the nodes took to build (`build`, not in the sum)."""
     paths, _ = write_run_folder(scenario, folder)
+    started = time.perf_counter()
     nodes = [assemble_node(load_node_config(p), scenario) for p in paths]
+    built_s = time.perf_counter() - started
     spent = {"train": 0.0, "evaluate": 0.0, "aggregate": 0.0}
 
     def timed(phase: str, fn, *args):
@@ -58,16 +61,17 @@ def compute_floor(scenario: Scenario, folder: Path) -> tuple[float, dict[str, fl
             node.config.id: {p: host_snapshot(part_state(node.model, p)) for p in node.strategy.shared_parts}
             for node in nodes
         }
+        n_train = {node.config.id: len(node.parts.data.train) for node in nodes}
         for node in nodes:
             fetches = node.strategy.configure_fetch(node.ctx)
             arrived = [
                 PeerModel(f.peer, f.part, r, r, to_device(shared[f.peer][f.part], node.parts.device),
-                          {"n_train": len(next(n for n in nodes if n.config.id == f.peer).data.train)})
+                          {"n_train": n_train[f.peer]})
                 for f in fetches if f.part in shared.get(f.peer, {})
             ]
             timed("aggregate", node.strategy.aggregate, node.ctx, arrived)
             timed("evaluate", node.parts.trainer.evaluate, node.model, node.parts.data.test)
-    return sum(spent.values()), spent
+    return sum(spent.values()), {**spent, "build": built_s}
 
 
 def main() -> None:
@@ -75,18 +79,30 @@ def main() -> None:
     parser.add_argument("scenario", nargs="?", default="scenarios/round_overhead.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the real run may use")
+    parser.add_argument("--floor-only", action="store_true",
+                        help="the floor alone, without the real run (thousands of nodes: the run is memory_curve.py's)")
     args = parser.parse_args()
     scenario = load_scenario(args.scenario, args.overrides)
     threads = scenario.runtime.torch_threads
     parallel = max(1, min(args.cores, scenario.nodes * threads)) if scenario.device == "cpu" else 1
     with tempfile.TemporaryDirectory() as tmp:
         floor_s, parts = compute_floor(scenario, Path(tmp) / "floor")
-        results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True)
+        if args.floor_only:
+            results, code = None, 0
+        else:
+            results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True)
+    floor_wall = floor_s / parallel
+    if results is None:
+        print(f"{scenario.name}: {scenario.nodes} nodes, {scenario.model.name}, {scenario.rounds} round(s), "
+              f"{scenario.algorithm.name}, {args.cores} cores -> parallelism {parallel}; torch {torch.__version__}")
+        print(f"building the nodes, one process                {parts['build']:8.2f} s   ({parts['build'] / parallel:.2f} / {parallel})")
+        print(f"compute floor, one process, back to back     {floor_s:8.2f} s   ({floor_wall:.2f} / {parallel}; "
+              f"train {parts['train']:.2f}, evaluate {parts['evaluate']:.2f}, aggregate {parts['aggregate']:.2f})")
+        return
     if code != 0:
         raise SystemExit(f"the real run failed: {results['summary'].get('nodes_failed')}")
     rounds_wall = max(sum(r["wall_s"] for r in n["rounds"]) for n in results["nodes"])
     launcher_wall = results["summary"]["wall_s"]
-    floor_wall = floor_s / parallel
     print(f"{scenario.name}: {scenario.nodes} nodes, {scenario.model.name}, {scenario.rounds} rounds, "
           f"{scenario.algorithm.name}, device {scenario.device}, {threads} torch thread(s) per node, "
           f"{args.cores} cores -> parallelism {parallel}; torch {torch.__version__}")

@@ -232,9 +232,18 @@ def joiner_rounds(sc: Scenario, joining: frozenset[int], scripts: Sequence[NodeS
 
 
 def node_settings(sc: Scenario) -> NodeSettings:
-    """What a node's loop reads of the scenario (`p2pfl.runtime.settings`)."""
-    return NodeSettings(algorithm=sc.algorithm.name, rounds=sc.rounds, seed=sc.seed, resolved=sc.to_dict(),
-                        written_as=sc.written_as, **settings_for(sc.runtime, "node"))
+    """What a node's loop reads of the scenario (`p2pfl.runtime.settings`): one frozen copy for all
+    the nodes a worker builds from one scenario object, not a resolved scenario each."""
+    made = _SETTINGS.get(id(sc))
+    if made is None or made[0] is not sc:
+        made = (sc, NodeSettings(algorithm=sc.algorithm.name, rounds=sc.rounds, seed=sc.seed, resolved=sc.to_dict(),
+                                 written_as=sc.written_as, **settings_for(sc.runtime, "node")))
+        _SETTINGS.clear()
+        _SETTINGS[id(sc)] = made
+    return made[1]
+
+
+_SETTINGS: dict[int, tuple[Scenario, NodeSettings]] = {}  # the scenario it was made of is kept: its id stays its own
 
 
 # A worker of many nodes returns freed heap pages this often (p2pfl.runtime.resources): every

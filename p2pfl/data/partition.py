@@ -495,9 +495,10 @@ def build_partition(
         meta["alpha"] = float(spec.alpha)
     if spec.partition == "pathological":
         meta["classes_per_node"] = int(spec.classes_per_node)
-    largest = max((len(r) for r in a["raw"]), default=0)
-    if spec.samples_per_node is not None and spec.samples_per_node > largest:
-        meta["largest_share"] = int(largest)  # the cap changes nothing: said, not hidden
+    if spec.samples_per_node is not None:  # a scan of every node's share: only where a cap asks for it
+        largest = max((len(r) for r in a["raw"]), default=0)
+        if spec.samples_per_node > largest:
+            meta["largest_share"] = int(largest)  # the cap changes nothing: said, not hidden
     return Partition(
         nodes=nodes,
         num_classes=pool.num_classes,

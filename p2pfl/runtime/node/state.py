@@ -23,6 +23,20 @@ from p2pfl.runtime.strategy import RoundContext
 from p2pfl.training.trainer import rng_state_from_hex, rng_state_hex
 
 
+_DIGESTS: dict[int, tuple[NodeSettings, str]] = {}  # the settings it was taken of are kept: their id stays theirs
+
+
+def _scenario_digest(settings: NodeSettings) -> str:
+    """`scenario_digest(settings.resolved)`, taken once for the nodes that share frozen settings
+    (a worker's, `p2pfl.assembly.node_settings`)."""
+    made = _DIGESTS.get(id(settings))
+    if made is None or made[0] is not settings:
+        made = (settings, scenario_digest(settings.resolved))
+        _DIGESTS.clear()
+        _DIGESTS[id(settings)] = made
+    return made[1]
+
+
 class NodeState:
     def __init__(self, node_id: str, path: Path, parts: NodeParts, settings: NodeSettings, ctx: RoundContext,
                  participation_rng: np.random.Generator, neighbours: Neighbours, log: logging.Logger) -> None:
@@ -31,7 +45,7 @@ class NodeState:
         self.rounds: list[dict[str, Any]] = []      # each round's record, as JSON
         self.restarts: list[dict[str, Any]] = []    # each --resume of this node: after which round, when
         self.setup_record: dict[str, Any] | None = None
-        self.scenario_digest = scenario_digest(settings.resolved)  # what binds each checkpoint to the scenario
+        self.scenario_digest = _scenario_digest(settings)  # what binds each checkpoint to the scenario
         # What a checkpoint stores instead of a model that never changed (checkpoint.AS_BUILT).
         built = self.tensors()
         self.built_digest = tensors_digest(built)
