@@ -84,15 +84,17 @@ class NodeConfig:
             doc["coordinator"] = self.coordinator.to_dict()
         return doc
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, resolved_folder: str | None = None) -> None:
         """Written with its files named relative to the config's own folder (as `load_node_config`
-        reads them), so that a run folder copied elsewhere resumes in the copy, not the original."""
+        reads them), so that a run folder copied elsewhere resumes in the copy, not the original.
+        `resolved_folder`: that folder resolved, by a caller that writes many configs into it."""
         doc = self.to_dict()
+        base = resolved_folder or str(path.parent.resolve())
         for key in ("key_file", "scenario", "out", "roster"):
-            if key in doc and Path(doc[key]).is_absolute():
-                doc[key] = os.path.relpath(doc[key], path.parent.resolve())
-        if "federation" in doc and Path(doc["federation"]["certificate"]).is_absolute():
-            doc["federation"]["certificate"] = os.path.relpath(doc["federation"]["certificate"], path.parent.resolve())
+            if key in doc and os.path.isabs(doc[key]):
+                doc[key] = os.path.relpath(doc[key], base)
+        if "federation" in doc and os.path.isabs(doc["federation"]["certificate"]):
+            doc["federation"]["certificate"] = os.path.relpath(doc["federation"]["certificate"], base)
         path.write_text(tomli_w.dumps(doc))
 
 

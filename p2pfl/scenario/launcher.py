@@ -85,11 +85,12 @@ def write_run_folder(scenario: Scenario, out: Path,
     # One roster for the run, named by every config: N configs that each listed all N peers
     # made start-up O(N^2) (129 KB of TOML per node at 1000 nodes, 24 ms to parse each).
     write_roster(folder.roster, {i: infos[i] for i in ids}, infos.get(COORDINATOR_ID))
+    configs_at = str(folder.node_config(all_ids[0]).parent.resolve())  # one folder for them all, resolved once
     paths = []
     for nid in all_ids:
         path = folder.node_config(nid)
         NodeConfig(id=nid, index=0, host=addresses[nid][0], port=addresses[nid][1], key_file=folder.key(nid),
-                   scenario=scenario_path, out=out, peers={}, roster=folder.roster).save(path)
+                   scenario=scenario_path, out=out, peers={}, roster=folder.roster).save(path, configs_at)
         paths.append(path)
     coordinator_path = paths.pop() if with_coordinator else None
     return paths, coordinator_path

@@ -8,13 +8,16 @@ thousand-node run signs or verifies about eighteen times a round. A key file hol
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import nacl.bindings
 import nacl.exceptions
@@ -68,12 +71,13 @@ class NodeKey:
     def sign(self, data: bytes) -> bytes:
         return self._key.sign(bytes(data)).signature
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str], *, flushed: bool = True) -> None:
         """Write the private hex atomically, readable by the owner only.
 
         mkstemp creates the temp file 0o600 whatever the umask, so the secret is
         never briefly world-readable, and a pre-existing file with looser
-        permissions is replaced rather than rewritten in place.
+        permissions is replaced rather than rewritten in place. `flushed`: on disk
+        before it returns (False: the caller flushes it, `save_all`).
         """
         target = Path(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -81,7 +85,8 @@ class NodeKey:
             with os.fdopen(fd, "w", encoding="ascii") as fh:
                 fh.write(self.private_hex() + "\n")
                 fh.flush()
-                os.fsync(fh.fileno())
+                if flushed:
+                    os.fsync(fh.fileno())
             os.replace(tmp, target)
         except BaseException:
             try:
@@ -90,13 +95,36 @@ class NodeKey:
                 pass
             raise
 
+    def _save_new(self, path: Path) -> None:
+        """`save` without a flush, where no file is at `path` yet made in one step (created
+        0o600 and written: no temporary file to make and rename; a folder's keys are written
+        before anything reads them). Over an existing file, `save`'s atomic replace."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            self.save(path, flushed=False)
+            return
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(self.private_hex() + "\n")
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+
     @staticmethod
     def save_all(keys: Mapping[Path, NodeKey], threads: int = 32) -> None:
-        """`save` each key to its path, many at once: one after the other, a run folder's keys
-        wait for a disk flush each, and the file system commits flushes in flight together in
-        one batch (10,000 keys: 2.5 s one by one, 1.8 s together on a quiet disk; 1000 keys took
-        2.4 s one by one while another process wrote). Raises the first error."""
+        """`save` each key to its path, then flush them all at once. Where the system has
+        `syncfs` (Linux), the keys are written without a flush each and their file system is
+        flushed once (10,000 keys: 6 s with a flush each, 32 at a time, on this project's 2-core
+        machine; 0.3-2 s so); elsewhere each is written and flushed, many at once (the file system
+        commits flushes in flight together). Raises the first error."""
         if not keys:
+            return
+        if _syncfs_available():
+            for path, key in keys.items():
+                key._save_new(Path(path))
+            for folder in sorted({Path(path).parent for path in keys}):
+                _syncfs(folder)
             return
         with ThreadPoolExecutor(max_workers=min(threads, len(keys)), thread_name_prefix="p2pfl-keys") as pool:
             for done in [pool.submit(key.save, path) for path, key in keys.items()]:
@@ -210,3 +238,27 @@ class Roster:
             nacl.bindings.crypto_sign_open(bytes(signature) + bytes(data), key)
         except nacl.exceptions.BadSignatureError:
             raise BadSignature(f"signature does not verify under the roster key of {quote(sender)}") from None
+
+
+@functools.cache
+def _libc_syncfs() -> Any:
+    """libc's `syncfs`, or None where the C library has none (not Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+
+
+def _syncfs_available() -> bool:
+    return sys.platform.startswith("linux") and _libc_syncfs() is not None
+
+
+def _syncfs(folder: Path) -> None:
+    """Everything written to `folder`'s file system so far, on disk (OSError where it failed)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        if _libc_syncfs()(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"syncfs of {folder}: {os.strerror(error)}")
+    finally:
+        os.close(fd)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from p2pfl.wire import BadSignature, NodeKey, Roster, UnknownSender
+from p2pfl.wire import keys as keys_module
 
 
 def test_hex_round_trip_and_public_key_is_stable() -> None:
@@ -68,8 +69,16 @@ def test_save_tightens_an_existing_world_readable_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["node.key"]  # no temp file left behind
 
 
-def test_save_all_writes_each_key_as_save_does_and_names_the_first_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("one_flush", [True, False], ids=["syncfs", "fsync-each"])
+def test_save_all_writes_each_key_as_save_does_and_names_the_first_failure(tmp_path: Path, monkeypatch,
+                                                                           one_flush: bool) -> None:
+    if one_flush and not keys_module._syncfs_available():
+        pytest.skip("no syncfs here (Linux only)")
+    if not one_flush:
+        monkeypatch.setattr(keys_module, "_syncfs_available", lambda: False)
     keys = {tmp_path / f"node-{i}.key": NodeKey.generate() for i in range(40)}
+    (tmp_path / "node-3.key").write_text("an older key, readable by all\n")  # replaced, not rewritten in place
+    os.chmod(tmp_path / "node-3.key", 0o644)
     NodeKey.save_all(keys, threads=8)
     for path, key in keys.items():
         assert NodeKey.load(path).private_hex() == key.private_hex()
