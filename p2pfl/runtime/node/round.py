@@ -28,7 +28,7 @@ from p2pfl.runtime.node.kept import KeptParts
 from p2pfl.runtime.node.neighbours import Neighbours
 from p2pfl.runtime.node.parts import NodeParts
 from p2pfl.runtime.node.records import RoundRecord, epsilon_for_json
-from p2pfl.runtime.node.round_start import SpilledStart
+from p2pfl.runtime.node.round_start import SharedStart, SpilledStart, shared_start
 from p2pfl.runtime.node.scoring import Scored, Scorer, Scores
 from p2pfl.runtime.peer_claims import FlatCopy
 from p2pfl.runtime.precision import quantize
@@ -197,7 +197,9 @@ class Round:
             parts.safeguard.after_train(parts.data.train)
         clock.switch("evaluate")
         scored = self.kit.scorer.scored()
-        if self.kit.round_start_file is not None and self.lends() and start.flat is not None:
+        if self.r == 1 and (first := shared_start(start)) is not None:  # the model as built: one copy a process
+            ctx.round_start = self.checks.round_start = first
+        elif self.kit.round_start_file is not None and self.lends() and start.flat is not None:
             ctx.round_start = self.checks.round_start = SpilledStart(start, self.kit.round_start_file)
         return fit, scored
 
@@ -206,9 +208,9 @@ class Round:
         parts, clock = self.kit.parts, self.clock
         assert clock is not None
         model = parts.model
-        spilled = self.checks.round_start
-        if isinstance(spilled, SpilledStart):  # back in memory for the strategy's aggregation
-            self.kit.ctx.round_start = self.checks.round_start = spilled.load()
+        start = self.checks.round_start
+        if isinstance(start, (SpilledStart, SharedStart)):  # back in memory, the strategy's own, to aggregate
+            self.kit.ctx.round_start = self.checks.round_start = start.own_copy()
         before = FlatCopy(model.state_dict())  # one buffer, not a tensor each
         parts.strategy.aggregate(self.kit.ctx, arrived)
         if self.kit.kept is not None:

@@ -11,12 +11,17 @@ what the round computes is the same, bit for bit (tests/runtime/node/test_round_
 
 The file sits beside the node's checkpoint, written over each round and removed when the node
 ends; its BLAKE3 digest, taken as it was written, is checked at every read.
+
+A first round's start is, on every node, the model built from the run's seed: the nodes a process
+hosts then wait on one copy of it (`SharedStart`), in memory or on disk alike, and none writes or
+reads a file for it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -71,6 +76,10 @@ class SpilledStart(Mapping[str, torch.Tensor]):
                                     f"({read} of {raw.nbytes} bytes read, or another digest)")
         return FlatCopy.over(flat, self.shapes, self.rest, self.order)
 
+    def own_copy(self) -> FlatCopy:
+        """The round start in memory, a copy of its own (for a strategy's aggregation)."""
+        return self.load()
+
     # A Mapping for code that only asks which tensors it has; reading values loads the file.
     def __len__(self) -> int:
         return len(self.order)
@@ -97,3 +106,48 @@ def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
     if buffer is None or buffer.numel() != numel or buffer.dtype != dtype:
         _THREAD.buffer = buffer = torch.empty(numel, dtype=dtype)
     return buffer
+
+
+class SharedStart(FlatCopy):
+    """A round start several nodes of this process wait on at once (`shared_start`): read-only
+    to them all; a strategy's aggregation gets a copy of its own (`own_copy`)."""
+
+    def own_copy(self) -> FlatCopy:
+        return FlatCopy(self)
+
+
+_SHARED_LOCK = threading.Lock()  # the nodes' rounds train in a pool's threads
+_shared: weakref.ref[SharedStart] | None = None
+
+
+def shared_start(start: FlatCopy) -> SharedStart | None:
+    """The process's one copy of `start` where another node's round start in it holds the same
+    tensors, bit for bit (the first round's: the model every node builds from the run's seed);
+    None where it does not, and `start` becomes that copy for the nodes after it. The copy lives
+    as long as a node waits on it."""
+    global _shared
+    if start.flat is None:
+        return None
+    with _SHARED_LOCK:
+        held = _shared() if _shared is not None else None
+        if held is None:
+            held = SharedStart.over(start.flat, {k: start[k].shape for k in start.flat_keys},
+                                    {k: v for k, v in start.items() if k not in start.flat_keys}, tuple(start))
+            _shared = weakref.ref(held)
+            return held
+    if _same(held, start):
+        return held
+    return None
+
+
+def _same(held: FlatCopy, start: FlatCopy) -> bool:
+    assert held.flat is not None and start.flat is not None
+    if tuple(held) != tuple(start) or held.flat_keys != start.flat_keys:
+        return False
+    if any(held[k].shape != start[k].shape for k in held.flat_keys):
+        return False
+    if held.flat.dtype != start.flat.dtype or held.flat.device != start.flat.device:
+        return False
+    rest = [k for k in held if k not in held.flat_keys]
+    return (torch.equal(held.flat, start.flat)
+            and all(held[k].dtype == start[k].dtype and torch.equal(held[k], start[k]) for k in rest))

@@ -11,7 +11,9 @@ import torch
 
 from p2pfl.errors import ConfigError
 from p2pfl.runtime.node.intake import RoundChecks
-from p2pfl.runtime.node.round_start import RoundStartDamaged, SpilledStart, loaded
+from p2pfl.runtime.node import round as round_module
+from p2pfl.runtime.node import round_start
+from p2pfl.runtime.node.round_start import RoundStartDamaged, SharedStart, SpilledStart, loaded, shared_start
 from p2pfl.runtime.peer_claims import FlatCopy
 from p2pfl.scenario.schema import RuntimeSpec
 from p2pfl.wire import NodeKey, Roster, open_message
@@ -99,25 +101,56 @@ def test_a_part_is_bounded_the_same_from_disk_as_from_memory(tmp_path: Path) -> 
 
 
 def test_a_run_keeps_each_round_start_on_disk_and_leaves_no_file(tmp_path: Path, monkeypatch) -> None:
-    """Each node-round writes its start once and reads it back (for its parts and its aggregation);
-    the run is the run kept in memory, and no file is left."""
+    """Each node-round after the first writes its start once and reads it back (for its parts and
+    its aggregation); the first round's start, the model as built, is one copy the nodes share,
+    written by none. The run is the run that kept every round start in memory, each node its own."""
     written, read = [], []
     init, load = SpilledStart.__init__, SpilledStart.load
     monkeypatch.setattr(SpilledStart, "__init__", lambda self, *a: (written.append(a[1]), init(self, *a))[1])
     monkeypatch.setattr(SpilledStart, "load", lambda self, scratch=False: (read.append(self.path), load(self, scratch))[1])
+    shared = []
+    monkeypatch.setattr(round_module, "shared_start",
+                        lambda start: (shared.append(found := round_start.shared_start(start)), found)[1])
     runs = {}
-    for where in ("memory", "disk"):
-        (tmp_path / where).mkdir()
-        path = write_tiny(tmp_path / where, nodes=3, rounds=2, samples=60)
-        nodes, _ = build_in_process(path, tmp_path / where / "run", overrides=(
-            "runtime.update_bound=1", f'runtime.round_start="{where}"'))
-        runs[where], _, _ = run_in_process(nodes, None)
-    assert len(written) == 3 * 2 and all(p.name.endswith(".round-start") for p in written)
+    for where in ("own copies", "memory", "disk"):
+        folder = tmp_path / where.replace(" ", "-")
+        folder.mkdir()
+        path = write_tiny(folder, nodes=3, rounds=2, samples=60)
+        nodes, _ = build_in_process(path, folder / "run", overrides=(
+            "runtime.update_bound=1", f'runtime.round_start="{"memory" if where == "own copies" else where}"'))
+        with monkeypatch.context() as unshared:
+            if where == "own copies":
+                unshared.setattr(round_module, "shared_start", lambda start: None)
+            runs[where], _, _ = run_in_process(nodes, None)
+    assert len(written) == 3 and all(p.name.endswith(".round-start") for p in written)  # round 2's, not round 1's
     assert len(read) >= len(written) * 2  # a part from each of two peers and the aggregation, each round
     assert not list((tmp_path / "disk" / "run" / "checkpoints").glob(".*.round-start"))
-    for a, b in zip(runs["memory"], runs["disk"], strict=True):
-        assert a["status"] == b["status"] == "ok"
-        for ra, rb in zip(a["rounds"], b["rounds"], strict=True):
-            assert ra["arrived"] == rb["arrived"] and ra["test_acc"] == rb["test_acc"]
-            assert ra["test_acc_aggregated"] == rb["test_acc_aggregated"]
-            assert set(ra.get("peers_bounded", {})) == set(rb.get("peers_bounded", {}))
+    assert len(shared) == 6 and all(isinstance(s, SharedStart) for s in shared)  # round 1, memory and disk
+    assert len({id(s) for s in shared[:3]}) == 1  # one copy for the three nodes
+    for a, b, c in zip(runs["own copies"], runs["memory"], runs["disk"], strict=True):
+        assert a["status"] == b["status"] == c["status"] == "ok"
+        for ra, rb, rc in zip(a["rounds"], b["rounds"], c["rounds"], strict=True):
+            assert ra["arrived"] == rb["arrived"] == rc["arrived"] and ra["test_acc"] == rb["test_acc"] == rc["test_acc"]
+            assert ra["test_acc_aggregated"] == rb["test_acc_aggregated"] == rc["test_acc_aggregated"]
+            assert ra["train_loss"] == rb["train_loss"] == rc["train_loss"]
+            assert set(ra.get("peers_bounded", {})) == set(rb.get("peers_bounded", {})) == set(rc.get("peers_bounded", {}))
+
+
+def test_nodes_whose_round_start_is_the_same_model_share_one_copy_and_others_keep_their_own(monkeypatch) -> None:
+    monkeypatch.setattr(round_start, "_shared", None)
+    first, same = FlatCopy(_state()), FlatCopy(_state())
+    held = shared_start(first)
+    assert isinstance(held, SharedStart) and held.flat.data_ptr() == first.flat.data_ptr()  # the first one's, no copy
+    assert shared_start(same) is held  # the same tensors, bit for bit: the one copy
+    other = _state()
+    other["head.b"][2] = torch.nextafter(other["head.b"][2], torch.tensor(9.0))  # one value, one ulp away
+    assert shared_start(FlatCopy(other)) is None
+    steps = _state()
+    steps["body.bn.num_batches_tracked"] = torch.tensor(8)  # outside the flat buffer
+    assert shared_start(FlatCopy(steps)) is None
+    own = held.own_copy()  # what a strategy aggregates with: values the same, the buffer its own
+    assert type(own) is FlatCopy and own.flat.data_ptr() != held.flat.data_ptr()
+    assert all(torch.equal(own[k], held[k]) for k in held)
+    del held, own
+    fresh = FlatCopy(other)  # once no node waits on the copy, the next round start becomes it
+    assert shared_start(fresh).flat.data_ptr() == fresh.flat.data_ptr()
