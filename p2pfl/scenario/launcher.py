@@ -13,10 +13,11 @@ import json
 import shutil
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tomli_w
 from tqdm import tqdm
@@ -71,20 +72,29 @@ def write_run_folder(scenario: Scenario, out: Path,
     out = out.resolve()  # node configs hold absolute paths: their own folder is not the working directory
     folder = RunFolder(out)
     folder.create()
-    scenario_path = folder.scenario
-    scenario_path.write_text(json.dumps(scenario.to_dict(), indent=2))
-    host = scenario.runtime.host
-    ids = node_ids(scenario.nodes)
-    with_coordinator = uses_coordinator(scenario)
-    all_ids = ids + ([COORDINATOR_ID] if with_coordinator else [])
+    folder.scenario.write_text(json.dumps(scenario.to_dict(), indent=2))
+    all_ids = node_ids(scenario.nodes) + ([COORDINATOR_ID] if uses_coordinator(scenario) else [])
     keys = {i: NodeKey.generate() for i in all_ids}
-    NodeKey.save_all({folder.key(i): key for i, key in keys.items()})
+    # The keys are written beside the configs, each set in a folder of its own: making a file is
+    # the file system's work, not Python's (10,000 nodes: 3-8 s for the two sets one after the other).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2pfl-keys") as beside:
+        keys_saved = beside.submit(NodeKey.save_all, {folder.key(i): key for i, key in keys.items()})
+        paths, coordinator_path = _write_configs(scenario, folder, out, all_ids, keys, addresses)
+        keys_saved.result()
+    return paths, coordinator_path
+
+
+def _write_configs(scenario: Scenario, folder: RunFolder, out: Path, all_ids: Sequence[str],
+                   keys: Mapping[str, NodeKey], addresses: Mapping[str, tuple[str, int]] | None
+                   ) -> tuple[list[Path], Path | None]:
+    """The roster and one config per node (and the coordinator, last)."""
+    host, scenario_path = scenario.runtime.host, folder.scenario
     if addresses is None:
         addresses = dict(zip(all_ids, ((host, port) for port in free_ports(len(all_ids), host))))
     infos = {i: peer_info(scenario, i, keys[i], *addresses[i]) for i in all_ids}
     # One roster for the run, named by every config: N configs that each listed all N peers
     # made start-up O(N^2) (129 KB of TOML per node at 1000 nodes, 24 ms to parse each).
-    write_roster(folder.roster, {i: infos[i] for i in ids}, infos.get(COORDINATOR_ID))
+    write_roster(folder.roster, {i: infos[i] for i in all_ids if i != COORDINATOR_ID}, infos.get(COORDINATOR_ID))
     configs_at = str(folder.node_config(all_ids[0]).parent.resolve())  # one folder for them all, resolved once
     paths = []
     for nid in all_ids:
@@ -92,7 +102,7 @@ def write_run_folder(scenario: Scenario, out: Path,
         NodeConfig(id=nid, index=0, host=addresses[nid][0], port=addresses[nid][1], key_file=folder.key(nid),
                    scenario=scenario_path, out=out, peers={}, roster=folder.roster).save(path, configs_at)
         paths.append(path)
-    coordinator_path = paths.pop() if with_coordinator else None
+    coordinator_path = paths.pop() if uses_coordinator(scenario) else None
     return paths, coordinator_path
 
 
@@ -315,13 +325,16 @@ def _run_loaded(scenario: Scenario, out: Path, *, progress: bool, timeout_s: flo
                               start_method=rt.start_method,
                               ray_address=rt.ray_address)
         try:
+            # Placement's graph bisection (Python's work) runs while the run folder's files are made.
+            ordering = _beside(lambda: locality_order(scenario))
             addresses = hosting.addresses(node_ids(scenario.nodes), uses_coordinator(scenario))
             if not resume:
                 node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
             elif addresses is not None:  # new hosts and ports (Ray's actors); the same keys
                 readdress_run_folder(scenario, out.resolve(),
                                      [*node_paths, *([coordinator_path] if coordinator_path else [])], addresses)
-            codes = run_stoppable(_run_hosts(scenario, out, in_locality_order(scenario, node_paths), coordinator_path,
+            ordered = in_locality_order(scenario, node_paths, ordering.result())
+            codes = run_stoppable(_run_hosts(scenario, out, ordered, coordinator_path,
                                            progress, timeout_s, resume, hosting, live_view))
         finally:
             hosting.close()
@@ -348,15 +361,36 @@ def _run_loaded(scenario: Scenario, out: Path, *, progress: bool, timeout_s: flo
     return results, (1 if failed else 0)
 
 
-def in_locality_order(scenario: Scenario, node_paths: Sequence[Path]) -> list[Path]:
-    """The node configs in the topology's locality order where workers host runs of them
-    (placement "shared"), so that most neighbours share a worker; as given elsewhere."""
+def locality_order(scenario: Scenario) -> list[int] | None:
+    """The nodes' indices in the topology's locality order where workers host runs of them
+    (placement "shared"), so that most neighbours share a worker; None elsewhere."""
     if scenario.runtime.placement != "shared":
+        return None
+    return Topology.parse(scenario.runtime.topology).locality_order(scenario.nodes, scenario.seed)
+
+
+def in_locality_order(scenario: Scenario, node_paths: Sequence[Path],
+                      order: list[int] | None = None) -> list[Path]:
+    """The node configs in `locality_order` (`order`, where the caller has it), as given where
+    there is none."""
+    order = locality_order(scenario) if order is None else order
+    if order is None:
         return list(node_paths)
     by_id = {p.stem: p for p in node_paths}
     ids = node_ids(scenario.nodes)
-    order = Topology.parse(scenario.runtime.topology).locality_order(scenario.nodes, scenario.seed)
     return [by_id[ids[i]] for i in order]
+
+
+T = TypeVar("T")
+
+
+def _beside(work: Callable[[], T]) -> Future[T]:
+    """`work` on a thread of its own, started now; its result (or its error) from `.result()`."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2pfl-beside")
+    try:
+        return pool.submit(work)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with the work
 
 
 def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_truth: Mapping[str, Any]) -> None:

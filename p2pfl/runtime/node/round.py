@@ -113,8 +113,7 @@ class Round:
         lie = getattr(parts.attack, "news", None)  # an attack may poison parts only (tests bring their own)
         if lie is not None:
             meta = lie(meta, sorted(kit.neighbours.members), ctx.node_id, self._forged, r)
-        # A host model's own tensors are published, not a copy of them, until it takes fresh
-        # storage back after the gather: while it waits for its peers it holds one copy of its model.
+        # A host model's own tensors are published (no copy) until it takes fresh storage back after the gather.
         lent = self.lends()
         try:
             if strategy.shared_parts:

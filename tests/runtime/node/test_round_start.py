@@ -10,10 +10,16 @@ import pytest
 import torch
 
 from p2pfl.errors import ConfigError
-from p2pfl.runtime.node.intake import RoundChecks
 from p2pfl.runtime.node import round as round_module
 from p2pfl.runtime.node import round_start
-from p2pfl.runtime.node.round_start import RoundStartDamaged, SharedStart, SpilledStart, loaded, shared_start
+from p2pfl.runtime.node.intake import RoundChecks
+from p2pfl.runtime.node.round_start import (
+    RoundStartDamaged,
+    SharedStart,
+    SpilledStart,
+    loaded,
+    shared_start,
+)
 from p2pfl.runtime.peer_claims import FlatCopy
 from p2pfl.scenario.schema import RuntimeSpec
 from p2pfl.wire import NodeKey, Roster, open_message
