@@ -13,11 +13,11 @@ import json
 import shutil
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import tomli_w
 from tqdm import tqdm
@@ -325,16 +325,13 @@ def _run_loaded(scenario: Scenario, out: Path, *, progress: bool, timeout_s: flo
                               start_method=rt.start_method,
                               ray_address=rt.ray_address)
         try:
-            # Placement's graph bisection (Python's work) runs while the run folder's files are made.
-            ordering = _beside(lambda: locality_order(scenario))
             addresses = hosting.addresses(node_ids(scenario.nodes), uses_coordinator(scenario))
             if not resume:
                 node_paths, coordinator_path = write_run_folder(scenario, out, addresses)
             elif addresses is not None:  # new hosts and ports (Ray's actors); the same keys
                 readdress_run_folder(scenario, out.resolve(),
                                      [*node_paths, *([coordinator_path] if coordinator_path else [])], addresses)
-            ordered = in_locality_order(scenario, node_paths, ordering.result())
-            codes = run_stoppable(_run_hosts(scenario, out, ordered, coordinator_path,
+            codes = run_stoppable(_run_hosts(scenario, out, in_locality_order(scenario, node_paths), coordinator_path,
                                            progress, timeout_s, resume, hosting, live_view))
         finally:
             hosting.close()
@@ -361,36 +358,17 @@ def _run_loaded(scenario: Scenario, out: Path, *, progress: bool, timeout_s: flo
     return results, (1 if failed else 0)
 
 
-def locality_order(scenario: Scenario) -> list[int] | None:
-    """The nodes' indices in the topology's locality order where workers host runs of them
-    (placement "shared"), so that most neighbours share a worker; None elsewhere."""
+def in_locality_order(scenario: Scenario, node_paths: Sequence[Path]) -> list[Path]:
+    """The node configs in the topology's locality order where workers host runs of them
+    (placement "shared"), so that most neighbours share a worker; as given elsewhere."""
     if scenario.runtime.placement != "shared":
-        return None
-    return Topology.parse(scenario.runtime.topology).locality_order(scenario.nodes, scenario.seed)
-
-
-def in_locality_order(scenario: Scenario, node_paths: Sequence[Path],
-                      order: list[int] | None = None) -> list[Path]:
-    """The node configs in `locality_order` (`order`, where the caller has it), as given where
-    there is none."""
-    order = locality_order(scenario) if order is None else order
-    if order is None:
         return list(node_paths)
     by_id = {p.stem: p for p in node_paths}
     ids = node_ids(scenario.nodes)
+    order = Topology.parse(scenario.runtime.topology).locality_order(scenario.nodes, scenario.seed)
     return [by_id[ids[i]] for i in order]
 
 
-T = TypeVar("T")
-
-
-def _beside(work: Callable[[], T]) -> Future[T]:
-    """`work` on a thread of its own, started now; its result (or its error) from `.result()`."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2pfl-beside")
-    try:
-        return pool.submit(work)
-    finally:
-        pool.shutdown(wait=False)  # the thread ends with the work
 
 
 def _write_stopped_results(scenario: Scenario, out: Path, wall_s: float, ground_truth: Mapping[str, Any]) -> None:
