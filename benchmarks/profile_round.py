@@ -10,6 +10,13 @@ samples spent in a function's own code (self) and under it (total), summed over 
 for the functions with the largest self share; and the same by phase of a node's life, read from
 the stacks: start-up (before a node's first round), rounds (train, evaluate, aggregate,
 checkpoints, the wire's signing, hashing and serving; idle threads and the idle event loop apart).
+
+    python benchmarks/profile_round.py --nodes 10000 --window 60,50 [--set key=value ...]
+
+`--window START,SECONDS`: each worker sampled only from START seconds after launch for SECONDS,
+active samples only (no idle ones) and without pausing the process (`--nonblocking`), by thread:
+printed besides the share of each thread (the event loop's, the pool's, the heap trimmer's) and,
+on the event loops, the share under each of the round's steps that run there (WHERE_ON_THE_LOOP).
 """
 
 from __future__ import annotations
@@ -40,6 +47,16 @@ PHASES = (("checkpoint", ("write_swapped", "save_checkpoint", "write_checkpoint"
           ("start-up", ("assemble_node", "warm_up", "build_partition", "load_node_config", "load_scenario", "_find_and_load")))
 
 
+# The event loop's work by the first of these on a stack (the order matters: a peer's part is
+# bounded inside the fetch that brought it).
+WHERE_ON_THE_LOOP = (("a peer's part checked and bounded (Intake.peer_model)", "peer_model"),
+                     ("a co-located peer's frame served, joined and verified (InMemory)", "_fetch_in_memory"),
+                     ("a frame over HTTP (the other worker)", "transport/http"),
+                     ("a fetched frame verified (Carrier.opened_answer)", "opened_answer"),
+                     ("publishing (encode, sign)", "publish"),
+                     ("asyncio's own scheduling", "asyncio/"))
+
+
 def _workers(run: Path) -> list[int]:
     """The shared placement's worker processes, from the run folder's pids.json (node -> its
     process) once the forking parent wrote it: forked, they carry the parent's command line."""
@@ -55,7 +72,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--window", default=None, metavar="START,SECONDS",
+                        help="sample from START s after launch for SECONDS, active samples by thread")
     args = parser.parse_args()
+    window = tuple(float(v) for v in args.window.split(",")) if args.window else None
     scenario = load_scenario(args.scenario, ['runtime.topology="regular:4"', *args.overrides, f"nodes={args.nodes}",
                                              'runtime.placement="shared"'])
     spy = Path(sys.executable).with_name("py-spy")
@@ -72,15 +92,18 @@ def main() -> None:
                     if pid not in seen:
                         seen.add(pid)
                         out = Path(tmp) / f"{pid}.txt"
+                        how = ["--idle"] if window is None else ["--threads", "--duration", str(int(window[1]))]
+                        if window is not None:
+                            done.wait(max(0.0, started + window[0] - time.perf_counter()))
                         recorders.append((pid, subprocess.Popen(
-                            [str(spy), "record", "--pid", str(pid), "--rate", "100", "--idle", "--format", "raw",
+                            [str(spy), "record", "--pid", str(pid), "--rate", "100", *how, "--format", "raw",
                              "--output", str(out), "--nonblocking"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL), out))
                 time.sleep(0.05)
 
+        started = time.perf_counter()
         watcher = threading.Thread(target=attach, daemon=True)
         watcher.start()
-        started = time.perf_counter()
         results, code = run_loaded(scenario, Path(tmp) / "run", progress=False, quiet=True, force=True)
         wall = time.perf_counter() - started
         done.set()
@@ -91,6 +114,8 @@ def main() -> None:
         under: collections.Counter[str] = collections.Counter()
         phases: collections.Counter[str] = collections.Counter()
         other: collections.Counter[str] = collections.Counter()  # "other"'s stacks, by their last three frames
+        threads: collections.Counter[str] = collections.Counter()  # --window: each thread's name
+        on_loop: collections.Counter[str] = collections.Counter()  # --window: the event loops' steps
         samples = 0
         for _, _, out in recorders:
             if not out.is_file():
@@ -98,7 +123,16 @@ def main() -> None:
             for line in out.read_text().splitlines():
                 stack, _, count_text = line.rpartition(" ")
                 count = int(count_text)
-                frames = [f.split(" (")[0] for f in stack.split(";")]
+                raw = stack.split(";")
+                frames = [f.split(" (")[0] for f in raw[1 if window is not None else 0:]]
+                if not frames:  # a thread in native code, no Python frame to name
+                    continue
+                if window is not None:  # the first frame names the thread: "thread (TID): NAME"
+                    thread = raw[0].rpartition(": ")[2]
+                    thread = "event loop" if thread == "MainThread" else thread.rstrip("0123456789").rstrip("_")
+                    threads[thread] += count
+                    if thread == "event loop":
+                        on_loop[next((label for label, key in WHERE_ON_THE_LOOP if key in stack), "other")] += count
                 samples += count
                 own[frames[-1]] += count
                 for name in set(frames):
@@ -110,6 +144,18 @@ def main() -> None:
                     other[" < ".join(reversed(frames[-3:]))] += count
     print(f"{scenario.name}: {args.nodes} nodes, {len(recorders)} workers, exit {code}, wall {wall:.1f} s, "
           f"{samples} samples (100 Hz)")
+    if window is not None:
+        seconds = window[1] * len(recorders)  # one thread's samples at 100 Hz: its busy share
+        print(f"from {window[0]:g} s after launch for {window[1]:g} s, active samples only")
+        print(f"{'thread':<40}{'share':>8}{'busy':>8}")
+        names = {"event loop": 1, "p2pfl-train": 2}  # threads of that name a worker has (the pool: 2 on 2 cores)
+        for thread, count in threads.most_common():
+            each = names.get(thread, 1) * seconds * 100
+            print(f"{thread:<40}{count / max(1, samples):>8.1%}{count / each:>8.0%}")
+        print("\nthe event loops' samples, by step (a share of all samples)")
+        for label, count in on_loop.most_common():
+            print(f"  {label:<70}{count / max(1, samples):>7.1%}")
+        print()
     print(f"{'phase':<40}{'share':>8}")
     for phase, count in phases.most_common():
         print(f"{phase:<40}{count / max(1, samples):>8.1%}")

@@ -8,7 +8,8 @@ without a flush each, then flushed together with one `syncfs`; the configs' fold
 once) with the way before (each key made as a temporary file, flushed and renamed, 32 at a
 time, and then the configs, each resolving its folder), on `scenarios/scale.toml --set nodes=N`,
 each into a fresh folder that is then removed. Printed: each write's seconds and the median of
-the pairs' ratios. Making a file on an ext4 file system without a journal (this project's
+the pairs' ratios, then the launcher's other work before a worker builds: placement's graph
+bisection (regular:4). Making a file on an ext4 file system without a journal (this project's
 machines) costs more for a minute or more after many files were removed (it looks past inodes
 freed recently): a run that follows another's cleanup pays for it, and so does every write here
 after the first pair. Read the pairs, not one number.
@@ -29,6 +30,7 @@ from typing import Any
 
 from p2pfl.runtime.config import NodeConfig, node_ids
 from p2pfl.runtime.run_folder import RunFolder
+from p2pfl.runtime.topology import Topology
 from p2pfl.scenario import launcher
 from p2pfl.scenario.schema import load_scenario
 from p2pfl.wire import keys as keys_module
@@ -91,6 +93,9 @@ def main() -> None:
             print(f"pair {pair + 1}: before {seconds['before']:.2f} s, now {seconds['now']:.2f} s; "
                   f"now / before {ratios[-1]:.2f}", flush=True)
     print(f"{args.nodes} nodes: median now / before {statistics.median(ratios):.2f} over {args.pairs} pairs")
+    start = time.perf_counter()  # the launcher's other work before a worker builds: placement's order
+    Topology.parse("regular:4").locality_order(args.nodes, scenario.seed)
+    print(f"placement's graph bisection (regular:4, shared placement's locality order): {time.perf_counter() - start:.2f} s")
 
 
 if __name__ == "__main__":
