@@ -22,7 +22,9 @@ got. Per size: start-up (launch to the moment the last node began round 1), the 
 (launch to the moment the last node finished it), s per round (the slowest node's mean round),
 the peak GB (summed RSS), and the nodes that ended ok; the rows also keep when the first and the
 median node began round 1, and the peak summed PSS (`peak_pss_gb`: pages the processes share,
-the forking parent's imports, counted once) with each process's share at that moment
+the forking parent's imports, counted once; read near the RSS peak only, at most every 2 s, as
+reading it costs the run (`scale.PssReads`), with the summed RSS at that read,
+`pss_read_at_rss_gb`) with each process's share at that moment
 (`at_peak`: the launcher, the forking parent and each worker, by PSS, USS, the pages no other
 process maps, and anonymous memory, from /proc/PID/smaps_rollup). The rows go to `--json`
 (from which `--from` draws the figure again without running anything).
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from scale import (  # benchmarks/ is not a package: run from it, as a script
+    PssReads,
     _descendants,
     _rss_bytes,
 )
@@ -106,16 +109,19 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
         launched = time.time()
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         peak, peak_pss, stopped_at, at_peak = 0, 0, None, []
+        pss_reads = PssReads()
         while process.poll() is None:
             pids = [process.pid, *_descendants(process.pid)]
             total = sum(_rss_bytes(p) for p in pids)
-            rollups = {p: _rollup(p) for p in pids}
-            pss = sum(r.get("pss", 0) for r in rollups.values())
-            if pss > peak_pss:
-                roles = _roles(process.pid, run)
-                at_peak = [{"process": roles.get(p, "forking parent"), **{k: v / 1e6 for k, v in r.items()}}
-                           for p, r in rollups.items() if r]
-            peak, peak_pss = max(peak, total), max(peak_pss, pss)
+            if pss_reads.due(total, time.monotonic()):
+                rollups = {p: _rollup(p) for p in pids}
+                pss = sum(r.get("pss", 0) for r in rollups.values())
+                if pss > peak_pss:
+                    roles = _roles(process.pid, run)
+                    at_peak = [{"process": roles.get(p, "forking parent"), **{k: v / 1e6 for k, v in r.items()}}
+                               for p, r in rollups.items() if r]
+                    peak_pss, pss_reads.rss_at = pss, total
+            peak = max(peak, total)
             if total > limit_bytes:
                 stopped_at = total
                 stop(pids)
@@ -123,7 +129,8 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
             time.sleep(SAMPLE_EVERY_S)
         _, err = process.communicate()
         row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "peak_pss_gb": peak_pss / 1e9,
-                               "wall_s": time.time() - launched, "at_peak": at_peak}
+                               "pss_read_at_rss_gb": pss_reads.rss_at / 1e9, "wall_s": time.time() - launched,
+                               "at_peak": at_peak}
         if stopped_at is not None:
             row.update(stopped=f"stopped at {stopped_at / 1e9:.1f} GB, over the limit of {limit_bytes / 1e9:g} GB",
                        **progress(run))
