@@ -108,19 +108,17 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
                    *(arg for o in overrides for arg in ("--set", o))]
         launched = time.time()
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        peak, peak_pss, stopped_at, at_peak = 0, 0, None, []
+        peak, stopped_at, at_peak = 0, None, []
         pss_reads = PssReads()
         while process.poll() is None:
             pids = [process.pid, *_descendants(process.pid)]
             total = sum(_rss_bytes(p) for p in pids)
             if pss_reads.due(total, time.monotonic()):
                 rollups = {p: _rollup(p) for p in pids}
-                pss = sum(r.get("pss", 0) for r in rollups.values())
-                if pss > peak_pss:
+                if pss_reads.read(sum(r.get("pss", 0) for r in rollups.values()), total):
                     roles = _roles(process.pid, run)
                     at_peak = [{"process": roles.get(p, "forking parent"), **{k: v / 1e6 for k, v in r.items()}}
                                for p, r in rollups.items() if r]
-                    peak_pss, pss_reads.rss_at = pss, total
             peak = max(peak, total)
             if total > limit_bytes:
                 stopped_at = total
@@ -128,7 +126,7 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
                 break
             time.sleep(SAMPLE_EVERY_S)
         _, err = process.communicate()
-        row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "peak_pss_gb": peak_pss / 1e9,
+        row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "peak_pss_gb": pss_reads.peak_pss / 1e9,
                                "pss_read_at_rss_gb": pss_reads.rss_at / 1e9, "wall_s": time.time() - launched,
                                "at_peak": at_peak}
         if stopped_at is not None:

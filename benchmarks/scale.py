@@ -68,21 +68,21 @@ def _pss_bytes(pid: int) -> int:
 
 
 class PssReads:
-    """When to read the processes' PSS: only near the highest summed RSS seen so far, and at most
-    every `every_s` seconds.
+    """When to read the processes' PSS, and the highest read: only near the highest summed RSS
+    seen so far, and at most every `every_s` seconds.
 
     RSS is a counter the kernel keeps (/proc/PID/status, 0.03 ms). PSS is not: smaps_rollup walks
     every page a process maps, 0.1 s of CPU for a worker of 7 GB, holding its memory map's lock.
-    Read every 0.2 s beside a 10,000-node run on two cores, that was about 40 % of one core, and
-    the run's system time rose from 89 to 154 s (docs/benchmarks.md, issue 66). Shared pages
-    (the forking parent's imports) change little during a run, so PSS peaks where RSS does; the
-    RSS at the read that gave the PSS peak is kept beside it (`rss_at`), to show how near it was."""
+    Read every 0.2 s beside a 10,000-node run on two cores, that was about 40 % of one core: the
+    run's system time was 155-186 s, against 98-112 s read this way (docs/benchmarks.md, issue 66).
+    Shared pages (the forking parent's imports) change little during a run, so PSS peaks where RSS
+    does; the RSS at the read that gave the PSS peak is kept (`rss_at`) to show how near it was."""
 
     def __init__(self, near: float = 0.98, every_s: float = 2.0) -> None:
         self.near, self.every_s = near, every_s
-        self.peak_rss = 0
+        self.peak_rss = self.peak_pss = 0
+        self.rss_at = 0  # the summed RSS when the highest PSS was read
         self.last = float("-inf")
-        self.rss_at = 0  # the summed RSS when the highest PSS so far was read
 
     def due(self, rss: int, now: float) -> bool:
         """Whether to read PSS now, the processes holding `rss` bytes at time `now` (seconds)."""
@@ -92,6 +92,13 @@ class PssReads:
             return True
         return False
 
+    def read(self, pss: int, rss: int) -> bool:
+        """A PSS read at summed RSS `rss`; True when it is the highest so far."""
+        if pss <= self.peak_pss:
+            return False
+        self.peak_pss, self.rss_at = pss, rss
+        return True
+
 
 class PeakMemory:
     """Samples the summed RSS of this process's descendants until stopped (`peak`), and their
@@ -100,7 +107,7 @@ class PeakMemory:
 
     def __init__(self, every_s: float = 0.2) -> None:
         self.every_s = every_s
-        self.peak = self.peak_pss = 0
+        self.peak = 0
         self.pss_reads = PssReads()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -111,10 +118,12 @@ class PeakMemory:
             rss = sum(_rss_bytes(p) for p in pids)
             self.peak = max(self.peak, rss)
             if self.pss_reads.due(rss, time.monotonic()):
-                pss = sum(_pss_bytes(p) for p in pids)
-                if pss > self.peak_pss:
-                    self.peak_pss, self.pss_reads.rss_at = pss, rss
+                self.pss_reads.read(sum(_pss_bytes(p) for p in pids), rss)
             self._stop.wait(self.every_s)
+
+    @property
+    def peak_pss(self) -> int:
+        return self.pss_reads.peak_pss
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()
