@@ -17,6 +17,7 @@ checkpoints, the wire's signing, hashing and serving; idle threads and the idle 
 active samples only (no idle ones) and without pausing the process (`--nonblocking`), by thread:
 printed besides the share of each thread (the event loop's, the pool's, the heap trimmer's) and,
 on the event loops, the share under each of the round's steps that run there (WHERE_ON_THE_LOOP).
+`--keep DIR` copies py-spy's raw stacks there (one file a worker) for a closer look.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,6 +76,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--window", default=None, metavar="START,SECONDS",
                         help="sample from START s after launch for SECONDS, active samples by thread")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="copy py-spy's raw stacks (one file a worker) into DIR")
     args = parser.parse_args()
     window = tuple(float(v) for v in args.window.split(",")) if args.window else None
     scenario = load_scenario(args.scenario, ['runtime.topology="regular:4"', *args.overrides, f"nodes={args.nodes}",
@@ -110,6 +114,11 @@ def main() -> None:
         watcher.join()
         for _, proc, _ in recorders:
             proc.wait(timeout=60)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for _, _, out in recorders:
+                if out.is_file():
+                    shutil.copy(out, args.keep / out.name)
         own: collections.Counter[str] = collections.Counter()
         under: collections.Counter[str] = collections.Counter()
         phases: collections.Counter[str] = collections.Counter()
@@ -148,7 +157,7 @@ def main() -> None:
         seconds = window[1] * len(recorders)  # one thread's samples at 100 Hz: its busy share
         print(f"from {window[0]:g} s after launch for {window[1]:g} s, active samples only")
         print(f"{'thread':<40}{'share':>8}{'busy':>8}")
-        names = {"event loop": 1, "p2pfl-train": 2}  # threads of that name a worker has (the pool: 2 on 2 cores)
+        names = {"event loop": 1, "p2pfl-train": 1}  # threads of that name a worker has (the pool: 1, a worker a core)
         for thread, count in threads.most_common():
             each = names.get(thread, 1) * seconds * 100
             print(f"{thread:<40}{count / max(1, samples):>8.1%}{count / each:>8.0%}")

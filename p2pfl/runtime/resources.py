@@ -16,8 +16,11 @@ and, every so often, walked every object of every node in the process (6 % of a 
 worker's CPU under `perf`); a worker of many nodes collects its young objects every 100,000
 allocations instead. And asyncio's default pool (cores + 4 threads) had six threads in each of
 two workers on two cores contending for one interpreter lock per worker, the kernel switching
-between them (a third of the CPU was system time); a worker's share of the cores is enough
-threads for its nodes' training, two at least, so one node trains while another scores.
+between them (a third of the CPU was system time); a worker's pool has its share of the cores
+in threads, one on a machine with as many workers as cores: a second thread there only shared
+the worker's core and interpreter lock with the first and the event loop, and held a second
+node's training garbage at once (at 10,000 nodes on two cores, round 1 ended 13-35 s sooner
+with one, 2-2.5 GB lower; docs/benchmarks.md, issue 66).
 
 Files: every node holds a listening socket and a connection per neighbour it reads or serves;
 500 nodes of a 20-regular graph in one process need over 20,000. `raise_open_file_limit`
@@ -162,6 +165,6 @@ def host_many_nodes(loop: asyncio.AbstractEventLoop, workers: int) -> int:
     gc.set_threshold(*MANY_NODES_GC_THRESHOLDS)
     keep_freed_blocks()
     cores = os.cpu_count() or 1
-    threads = max(2, cores // (workers or cores))
+    threads = max(1, cores // (workers or cores))
     use_training_last_pool(loop, threads)
     return threads
