@@ -20,7 +20,8 @@ between them (a third of the CPU was system time); a worker's pool has its share
 in threads, one on a machine with as many workers as cores: a second thread there only shared
 the worker's core and interpreter lock with the first and the event loop, and held a second
 node's training garbage at once (at 10,000 nodes on two cores, round 1 ended 13-35 s sooner
-with one, 2-2.5 GB lower; docs/benchmarks.md, issue 66).
+with one on one machine and 110-125 s sooner on one half as fast, 2-2.5 GB lower on both;
+docs/benchmarks.md, issue 66).
 
 Files: every node holds a listening socket and a connection per neighbour it reads or serves;
 500 nodes of a 20-regular graph in one process need over 20,000. `raise_open_file_limit`
