@@ -108,7 +108,7 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
                    *(arg for o in overrides for arg in ("--set", o))]
         launched = time.time()
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        peak, stopped_at, at_peak = 0, None, []
+        stopped_at, at_peak = None, []
         pss_reads = PssReads()
         while process.poll() is None:
             pids = [process.pid, *_descendants(process.pid)]
@@ -119,14 +119,13 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
                     roles = _roles(process.pid, run)
                     at_peak = [{"process": roles.get(p, "forking parent"), **{k: v / 1e6 for k, v in r.items()}}
                                for p, r in rollups.items() if r]
-            peak = max(peak, total)
             if total > limit_bytes:
                 stopped_at = total
                 stop(pids)
                 break
             time.sleep(SAMPLE_EVERY_S)
         _, err = process.communicate()
-        row: dict[str, Any] = {"nodes": nodes, "peak_gb": peak / 1e9, "peak_pss_gb": pss_reads.peak_pss / 1e9,
+        row: dict[str, Any] = {"nodes": nodes, "peak_gb": pss_reads.peak_rss / 1e9, "peak_pss_gb": pss_reads.peak_pss / 1e9,
                                "pss_read_at_rss_gb": pss_reads.rss_at / 1e9, "wall_s": time.time() - launched,
                                "at_peak": at_peak}
         if stopped_at is not None:
@@ -147,7 +146,7 @@ def measure(nodes: int, overrides: list[str], limit_bytes: int, keep: Path | Non
         first_round_s=max(n["rounds"][0]["started_at"] + n["rounds"][0]["wall_s"] for n in done) - launched,
         round_s=max(statistics.fmean(r["wall_s"] for r in n["rounds"]) for n in done),
         nodes_ok=sum(1 for n in results["nodes"] if n["status"] == "ok"),
-        mib_per_node=peak / nodes / 2**20,
+        mib_per_node=pss_reads.peak_rss / nodes / 2**20,
     )
     return row
 

@@ -107,7 +107,6 @@ class PeakMemory:
 
     def __init__(self, every_s: float = 0.2) -> None:
         self.every_s = every_s
-        self.peak = 0
         self.pss_reads = PssReads()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -116,10 +115,13 @@ class PeakMemory:
         while not self._stop.is_set():
             pids = _descendants(os.getpid())
             rss = sum(_rss_bytes(p) for p in pids)
-            self.peak = max(self.peak, rss)
             if self.pss_reads.due(rss, time.monotonic()):
                 self.pss_reads.read(sum(_pss_bytes(p) for p in pids), rss)
             self._stop.wait(self.every_s)
+
+    @property
+    def peak(self) -> int:
+        return self.pss_reads.peak_rss
 
     @property
     def peak_pss(self) -> int:
